@@ -24,7 +24,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def generate(
-        self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion as one batch; outputs come back in prompt order."""
         final: dict[str, RequestOutput] = {}
@@ -35,7 +37,9 @@ class LLM:
         return [final[request_id] for request_id in order]
 
     def stream(
-        self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield a snapshot each time a request gains a token; ``outputs[0].delta_text`` is the new text."""
         return self._stream(prompts, sampling_params, [])
@@ -58,7 +62,9 @@ class LLM:
             raise ValueError("no prompts given: pass a string, a list of token ids, or a non-empty list of them")
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         if self.engine.has_unfinished_requests():

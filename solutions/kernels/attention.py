@@ -41,7 +41,7 @@ def gqa_attention(
     are padding and masked, and causal alignment uses ``kv_lens[b]`` in place of ``Lk``.
     Softmax runs in float32; the result has q's dtype and shape.
     """
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION Lab 0: fold each group of query heads onto its K/V head, mask (kv_lens, bottom-right causal), softmax in float32, multiply by v
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     group = q_heads // kv_heads

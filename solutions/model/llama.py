@@ -36,7 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     ``y = x / sqrt(mean(x**2) + eps) * weight``; the result has ``x``'s dtype.
     """
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION Lab 0: divide x by sqrt(mean(x**2) + eps) over the last dim, in float32, cast back, multiply by weight
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return normed.to(x.dtype) * weight
@@ -61,7 +61,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Rotate-half convention: dimension ``j`` pairs with ``j + D/2``, so for each pair
     ``(a, b) -> (a cos - b sin, b cos + a sin)``.
     """
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION Lab 0: rotate-half RoPE: x * cos + cat(-x2, x1) * sin, where x1, x2 are the two halves of each head
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

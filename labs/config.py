@@ -1,0 +1,51 @@
+"""Every engine option in one validated dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION_BACKENDS = ("auto", "torch")
+
+
+@dataclass
+class EngineConfig:
+    """``device`` "auto" picks CUDA when present, else CPU; ``dtype`` "auto" is bfloat16 on CUDA, float32 on CPU.
+
+    ``max_num_seqs`` sequences run at once, each with a cache slot of ``max_model_len`` tokens.
+    ``attention_backend`` "auto" (or ``$FASTMODE_ATTENTION``) picks the attention implementation.
+    """
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    attention_backend: str = "auto"
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} was asked for, but torch sees no CUDA GPU")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.attention_backend == "auto":
+            self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)

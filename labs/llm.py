@@ -1,0 +1,79 @@
+"""The offline API, shaped like vLLM's: ``LLM(...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from .config import EngineConfig
+from .engine.engine import Engine
+from .engine.outputs import RequestOutput
+from .engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Conversation = list[dict[str, str]]
+
+
+class LLM:
+    """``LLM()`` loads the bundled SmolLM2-135M-Instruct; ``model=`` takes a .gguf file or a HF checkpoint folder.
+
+    Every keyword is an ``EngineConfig`` field (device, dtype, max_num_seqs, max_model_len, ...).
+    """
+
+    def __init__(self, model: str | None = None, **options):
+        self.engine = Engine(EngineConfig(model=model, **options))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion as one batch; outputs come back in prompt order."""
+        final: dict[str, RequestOutput] = {}
+        order = []
+        for output in self._stream(prompts, sampling_params, order):
+            if output.finished:
+                final[output.request_id] = output
+        return [final[request_id] for request_id in order]
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Yield a snapshot each time a request gains a token; ``outputs[0].delta_text`` is the new text."""
+        return self._stream(prompts, sampling_params, [])
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation or a list of them (the model's chat template)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, sampling_params)
+
+    def _stream(self, prompts, sampling_params, order: list[str]) -> Iterator[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given: pass a string, a list of token ids, or a non-empty list of them")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("the engine is still running an earlier batch (an unfinished stream?)")
+        engine = self.engine
+        requests = engine.add_requests(prompts, params)
+        order.extend(r.request_id for r in requests)
+        try:
+            while engine.has_unfinished_requests():
+                yield from engine.step()
+        finally:
+            engine.abort(requests)
