@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.attention import gqa_attention
 from .config import ModelConfig
 
 
@@ -145,6 +146,16 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits ``[N, vocab]`` for the given hidden states."""
         return self.lm_head(self.norm(hidden)).float()
+
+    def sequence_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[L, vocab]`` at every position of one sequence ``[L]``, with no KV cache (for scoring)."""
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            heads_first = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+            return gqa_attention(*heads_first, causal=True)[0].transpose(0, 1)
+
+        positions = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return self.logits(self(input_ids, positions, attend))
 
     @classmethod
     def from_state_dict(
