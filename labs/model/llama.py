@@ -78,16 +78,15 @@ class Attention(nn.Module):
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        out = attend(self.layer, q, k, v.view(tokens, self.num_kv_heads, self.head_dim))
+        tokens, rotated_heads = x.shape[0], self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(x).view(tokens, rotated_heads + self.num_kv_heads, self.head_dim)
+        # Q and K heads sit side by side in the fused projection: rotate them in one call.
+        q, k = apply_rope(qkv[:, :rotated_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        out = attend(self.layer, q, k, qkv[:, rotated_heads:])
         return self.o_proj(out.reshape(tokens, -1))
 
 

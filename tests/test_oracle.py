@@ -1,0 +1,91 @@
+"""The whole engine against Hugging Face transformers on the same GGUF, in float32.
+
+Prompt logits agree to a relative error under 1e-4, and greedy decoding agrees token for token
+for 64 tokens on every prompt: run as one batch and run one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The capital of France is",
+    "def quicksort(items):",
+    "Once upon a time, in a small village by the sea,",
+    "The three laws of thermodynamics are",
+    "Translate to French: The cat sleeps on the warm windowsill.",
+    "<|im_start|>user\nGive me three tips for learning to cook.<|im_end|>\n<|im_start|>assistant\n",
+    "Q: What is 17 times 23?\nA:",
+    "Photosynthesis is the process by which",
+]
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_oracle):
+    """HF's greedy continuation of each prompt, one prompt at a time, with its own KV cache.
+
+    A plain argmax loop rather than ``generate``: its ``min_new_tokens`` would forbid EOS, which
+    changes the tokens; here EOS is just another token, as with ``ignore_eos=True``.
+    """
+    model, tokenizer = hf_oracle
+    continuations = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        tokens, past = [], None
+        with torch.inference_mode():
+            for _ in range(NEW_TOKENS):
+                out = model(ids, cache=past, use_cache=True)
+                past = out.cache
+                tokens.append(int(out.logits[0, -1].argmax()))
+                ids = torch.tensor([[tokens[-1]]])
+        continuations.append(tokens)
+    return continuations
+
+
+def test_prompt_logits_match_hugging_face(llm, hf_oracle):
+    model, tokenizer = hf_oracle
+    for prompt in PROMPTS[:4]:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            expected = model(ids).logits[0].double()
+            ours = llm.engine.model.sequence_logits(ids[0]).double()
+        rel = float((ours - expected).norm() / expected.norm())
+        assert rel < 1e-4, f"{prompt!r}: relative error {rel:.2e}"
+
+
+def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
+    """The engine's own path (KV cache, flat batch) produces the same last-token logits."""
+    model, tokenizer = hf_oracle
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=1)
+    engine = llm.engine
+    requests = engine.add_requests(PROMPTS[:3], [params] * 3)
+    batch = engine.scheduler.schedule()
+    logits = engine.runner.run(batch.requests).double()
+    for request in requests:
+        engine.scheduler.finish(request)
+    for row, prompt in enumerate(PROMPTS[:3]):
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            expected = model(ids).logits[0, -1].double()
+        rel = float((logits[row] - expected).norm() / expected.norm())
+        assert rel < 1e-4, f"{prompt!r}: relative error {rel:.2e}"
+
+
+def greedy(load):
+    return load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def test_greedy_batched_matches_hugging_face(llm, hf_greedy, load):
+    outputs = llm.generate(PROMPTS, greedy(load))
+    for prompt, output, expected in zip(PROMPTS, outputs, hf_greedy):
+        assert output.prompt == prompt
+        assert output.outputs[0].token_ids == expected, prompt
+
+
+def test_greedy_one_at_a_time_matches_hugging_face(llm, hf_greedy, load):
+    for prompt, expected in zip(PROMPTS, hf_greedy):
+        assert llm.generate(prompt, greedy(load))[0].outputs[0].token_ids == expected, prompt
