@@ -1,0 +1,129 @@
+"""The public API: vLLM's shape, stop rules, sampling, streaming, metrics, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def sp(load):
+    return load("engine.sampling_params").SamplingParams
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"seed": "7"}, "seed"),
+    ],
+)
+def test_invalid_sampling_params_fail_at_construction(sp, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sp(**kwargs)
+
+
+def test_invalid_engine_options_are_named(load):
+    config = load("config")
+    with pytest.raises(ValueError, match="dtype"):
+        config.EngineConfig(dtype="int3")
+    with pytest.raises(ValueError, match="attention_backend"):
+        config.EngineConfig(attention_backend="magic")
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        config.EngineConfig(max_num_seqs=0)
+
+
+def test_bad_prompts_are_rejected_before_anything_is_queued(llm, sp):
+    with pytest.raises(ValueError, match="no prompts"):
+        llm.generate([], sp())
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate(["fine", ""], sp())
+    with pytest.raises(ValueError, match=r"\[0, 49152\)"):
+        llm.generate([[1, 2, 99999]], sp())
+    with pytest.raises(ValueError, match="context limit .* 1024"):
+        llm.generate(["word " * 1100], sp())
+    with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
+        llm.generate(["a"], [sp(), sp()])
+    assert not llm.engine.has_unfinished_requests()  # nothing half-submitted
+
+
+def test_output_shape_and_metrics(llm, sp):
+    (out,) = llm.generate(["The capital of France is"], sp(temperature=0, max_tokens=8, ignore_eos=True))
+    assert out.prompt == "The capital of France is"
+    assert out.prompt_token_ids == llm.tokenizer.encode(out.prompt)
+    completion = out.outputs[0]
+    assert len(completion.token_ids) == 8 and completion.finish_reason == "length"
+    assert completion.text == llm.tokenizer.decode(completion.token_ids)
+    assert completion.text.startswith(" Paris")
+    m = out.metrics
+    assert m.num_prompt_tokens == 5 and m.num_output_tokens == 8
+    assert 0 < m.ttft <= m.latency and m.tpot > 0 and m.tokens_per_s > 0
+
+
+def test_token_id_prompts_equal_text_prompts(llm, sp):
+    params = sp(temperature=0, max_tokens=6)
+    text = llm.generate("Water boils at", params)[0]
+    ids = llm.generate([llm.tokenizer.encode("Water boils at")], params)[0]
+    assert ids.prompt is None and ids.outputs[0].token_ids == text.outputs[0].token_ids
+
+
+def test_eos_and_stop_strings_end_generation(llm, sp):
+    chat = llm.chat([{"role": "user", "content": "Say hello."}], sp(temperature=0, max_tokens=200))[0].outputs[0]
+    assert chat.finish_reason == "stop" and chat.token_ids[-1] == llm.tokenizer.eos_token_id
+    assert "<|im_end|>" not in chat.text
+    free = llm.generate("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0]
+    stop = free.text[3:6]
+    cut = llm.generate("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, stop=[stop]))[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(llm, sp):
+    params = sp(temperature=0.9, top_p=0.95, max_tokens=12, seed=1234, ignore_eos=True)
+    alone = llm.generate("My favourite fruit is", params)[0].outputs[0].token_ids
+    batch = llm.generate(["Tell me a story.", "My favourite fruit is"], [sp(temperature=1.0, seed=5), params])
+    assert batch[1].outputs[0].token_ids == alone
+    other = llm.generate("My favourite fruit is", sp(temperature=0.9, top_p=0.95, max_tokens=12, seed=99))
+    assert other[0].outputs[0].token_ids != alone  # the seed matters (12 sampled tokens)
+
+
+def test_top_k_one_is_greedy(llm, sp):
+    greedy = llm.generate("Rain falls because", sp(temperature=0, max_tokens=10))[0].outputs[0].token_ids
+    top1 = llm.generate("Rain falls because", sp(temperature=1.3, top_k=1, max_tokens=10, seed=0))
+    assert top1[0].outputs[0].token_ids == greedy
+
+
+def test_streaming_deltas_add_up_to_the_final_output(llm, sp):
+    params = sp(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = ["Hello, my name is", "日本の首都は"]
+    final = llm.generate(prompts, params)
+    texts, tokens = {}, {}
+    for snapshot in llm.stream(prompts, params):
+        texts[snapshot.request_id] = texts.get(snapshot.request_id, "") + snapshot.outputs[0].delta_text
+        tokens.setdefault(snapshot.request_id, []).extend(snapshot.outputs[0].delta_token_ids)
+    assert sorted(texts.values()) == sorted(o.outputs[0].text for o in final)
+    assert sorted(tokens.values()) == sorted(o.outputs[0].token_ids for o in final)
+
+
+def test_abandoned_stream_frees_the_engine(llm, sp):
+    stream = llm.stream(["one", "two"], sp(max_tokens=50))
+    next(stream)
+    stream.close()
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate("three", sp(max_tokens=2))[0].finished
+
+
+def test_top_k_top_p_filter(load):
+    sampler = load("engine.sampler")
+    logits = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
+    kept = lambda filtered: torch.isfinite(filtered).nonzero().flatten().tolist()
+    assert kept(sampler.filter_top_k_top_p(logits, top_k=2, top_p=1.0)) == [0, 1]
+    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.7)) == [0, 1]  # 0.5 + 0.2 reaches 0.7
+    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.71)) == [0, 1, 2]
+    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.1)) == [0]  # the best token always stays
+    shuffled = logits[[3, 0, 4, 2, 1]]
+    assert kept(sampler.filter_top_k_top_p(shuffled, top_k=0, top_p=0.7)) == [1, 4]
