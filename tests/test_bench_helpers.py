@@ -1,0 +1,36 @@
+"""The measuring helpers that the notebooks and benchmarks use (correctness only, never timing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solutions.bench.batching import measure_batch_speed
+from solutions.bench.roofline import decode_bytes_per_token, measure_read_bandwidth
+
+
+def test_decode_bytes_count_a_tied_head_once(llm):
+    model = llm.engine.model
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert decode_bytes_per_token(model) == 134_515_008 * 4
+
+
+def test_decode_bytes_of_an_untied_head_skip_the_embedding_table():
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(10, 4)
+    model.lm_head = torch.nn.Linear(4, 10, bias=False)
+    assert decode_bytes_per_token(model) == (40 + 4) * 4
+
+
+def test_read_bandwidth_is_a_positive_rate():
+    assert measure_read_bandwidth(nbytes=1 << 20, repeats=2) > 0
+
+
+def test_batch_speed_accounts_for_every_token(llm):
+    speed = measure_batch_speed(llm, batch_size=3, new_tokens=5)
+    assert speed.batch_size == 3 and speed.new_tokens == 5
+    assert speed.aggregate_tokens_per_s == pytest.approx(15 / speed.wall_s)
+    assert 0 < speed.ttft_s < speed.wall_s and speed.tpot_s > 0
+    assert speed.per_user_tokens_per_s <= speed.aggregate_tokens_per_s
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        measure_batch_speed(llm, batch_size=99)
