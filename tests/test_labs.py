@@ -43,3 +43,12 @@ def test_lab0_exercises_are_holes_in_labs():
         llama.apply_rope(torch.ones(2, 1, 8), torch.ones(2, 8), torch.zeros(2, 8))
     with pytest.raises(NotImplementedError, match="Lab 0"):
         attention.gqa_attention(torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), causal=False)
+
+
+def test_labs_engine_runs_on_the_learners_modules():
+    """Only exercise files live in labs/; the rest of the engine is solutions' code, wired to them."""
+    cache = importlib.import_module("labs.cache.kv_cache")
+    attention = importlib.import_module("labs.kernels.attention")
+    assert cache.gqa_attention is attention.gqa_attention
+    assert Path(attention.__file__).is_relative_to(ROOT / "labs")
+    assert Path(cache.__file__).is_relative_to(ROOT / "solutions")
