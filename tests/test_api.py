@@ -127,3 +127,20 @@ def test_top_k_top_p_filter(load):
     assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.1)) == [0]  # the best token always stays
     shuffled = logits[[3, 0, 4, 2, 1]]
     assert kept(sampler.filter_top_k_top_p(shuffled, top_k=0, top_p=0.7)) == [1, 4]
+
+
+def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):
+    """The fixture engine has 8 slots: 11 prompts run as two batches, and each gets its own answer."""
+    params = sp(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = [f"Item number {i} on my list is" for i in range(11)]
+    batched = llm.generate(prompts, params)
+    assert [o.prompt for o in batched] == prompts
+    for prompt, out in zip(prompts[::5], batched[::5]):
+        assert out.outputs[0].token_ids == llm.generate(prompt, params)[0].outputs[0].token_ids
+
+
+def test_generation_stops_at_the_context_limit(llm, sp):
+    limit = llm.engine.max_model_len
+    prompt = [42] * (limit - 3)
+    out = llm.generate([prompt], sp(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].finish_reason == "length"
