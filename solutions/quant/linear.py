@@ -1,0 +1,126 @@
+"""A linear layer whose weight is stored as packed INT4 codes with per-group scales and zero points.
+
+``QuantLinear`` computes ``y = x W^T`` with ``W[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]``,
+``g = k // group_size``, never materialising ``W`` in the hot path. The storage depends on the device:
+
+- CUDA: ``qweight`` int32 ``[N, K/8]`` (``quant.pack`` layout), ``scales`` float16 and ``zeros``
+  uint8 ``[N, K/g]``; the Triton W4A16 kernels in ``kernels.awq_gemm`` dequantize inside the GEMM.
+- CPU: torch's own int4 kernel, ``aten._weight_int4pack_mm_for_cpu``. Its weight is uint8
+  ``[N, K/2]`` in a tiled layout made by ``aten._convert_weight_to_int4pack_for_cpu``, and it
+  dequantizes ``(q - 8) * scale + offset``, so the zero point becomes ``offset = (8 - zero) * scale``;
+  scale and offset sit in one bfloat16 ``[K/g, N, 2]`` tensor, and activations go in as bfloat16.
+
+Either way one INT4 code costs half a byte and a group adds 4 bytes (CPU) or 3 bytes (CUDA).
+``rows(ids)`` dequantizes chosen rows only, so a tied embedding can look tokens up in the LM head's
+packed weight instead of keeping a float copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .pack import pack_int4, unpack_int4
+from .rtn import GroupQuantized
+
+# The CPU kernel's tiled layout as read by ``_cpu_rows``: rows in blocks of 64; for each block and input
+# channel k, 32 bytes whose low nibbles are rows 0..31 of the block and high nibbles rows 32..63.
+CPU_BLOCK_N = 64
+CPU_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def cpu_kernel_fits(out_features: int, in_features: int, group_size: int) -> bool:
+    """Whether torch's CPU int4 kernel (and ``_cpu_rows``' reading of its layout) takes this shape."""
+    return out_features % CPU_BLOCK_N == 0 and in_features % 32 == 0 and group_size in CPU_GROUP_SIZES
+
+
+class QuantLinear(nn.Module):
+    """``y = x W^T`` for a group-quantized ``W`` ``[out_features, in_features]``; no bias."""
+
+    def __init__(self, quantized: GroupQuantized, dtype: torch.dtype):
+        super().__init__()
+        self.out_features, self.in_features = quantized.q.shape
+        self.w_bit, self.group_size, self.dtype = quantized.w_bit, quantized.group_size, dtype
+        device = quantized.q.device
+        if device.type == "cuda":
+            self.backend = "triton"
+            self.register_buffer("qweight", pack_int4(quantized.q))
+            self.register_buffer("scales", quantized.scales.half())
+            self.register_buffer("zeros", quantized.zeros)
+        elif cpu_kernel_fits(self.out_features, self.in_features, self.group_size):
+            self.backend = "cpu"
+            codes = quantized.q.to(torch.int32).contiguous()
+            self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2))
+            offsets = (8 - quantized.zeros.float()) * quantized.scales
+            scale_offset = torch.stack([quantized.scales, offsets], dim=-1).transpose(0, 1)
+            self.register_buffer("scale_offset", scale_offset.to(torch.bfloat16).contiguous())
+        else:
+            raise ValueError(
+                f"torch's CPU int4 kernel needs out_features % {CPU_BLOCK_N} == 0, in_features % 32 == 0 and "
+                f"group_size in {CPU_GROUP_SIZES}; got {self.out_features} x {self.in_features}, g{self.group_size}"
+            )
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None
+    ) -> QuantLinear:
+        """Round-to-nearest quantize ``weight`` (clipped to ``max_val`` per group if given), in its dtype and device."""
+        from .rtn import quantize
+
+        return cls(quantize(weight, w_bit, group_size, max_val), weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.backend == "cpu":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.to(torch.bfloat16), self.qweight, self.group_size, self.scale_offset
+            )
+        else:
+            from ..kernels.awq_gemm import awq_gemm
+
+            out = awq_gemm(flat, self.qweight, self.scales, self.zeros, self.group_size)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows ``W[ids]`` ``[..., in_features]`` in the module's dtype."""
+        flat = ids.reshape(-1)
+        if self.backend == "cpu":
+            codes, scales, offsets = self._cpu_rows(flat)
+            w = (codes.float() - 8).view(len(flat), -1, self.group_size) * scales[..., None] + offsets[..., None]
+        else:
+            codes = unpack_int4(self.qweight[flat]).float().view(len(flat), -1, self.group_size)
+            w = (codes - self.zeros[flat].float()[..., None]) * self.scales[flat].float()[..., None]
+        return w.reshape(*ids.shape, self.in_features).to(self.dtype)
+
+    def _cpu_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Codes ``[R, K]``, scales and offsets ``[R, K/g]`` of ``rows``, read out of the CPU kernel's layout."""
+        tiles = self.qweight.view(self.out_features // CPU_BLOCK_N, self.in_features, CPU_BLOCK_N // 2)
+        block, within = rows // CPU_BLOCK_N, rows % CPU_BLOCK_N
+        byte = tiles[block, :, within % (CPU_BLOCK_N // 2)]  # [R, K]
+        high = (within >= CPU_BLOCK_N // 2)[:, None]
+        codes = torch.where(high, byte >> 4, byte & 0xF)
+        scale_offset = self.scale_offset[:, rows].float()  # [K/g, R, 2]
+        return codes, scale_offset[..., 0].T, scale_offset[..., 1].T
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight ``[out_features, in_features]`` in the module's dtype (for tests and inspection)."""
+        return self.rows(torch.arange(self.out_features, device=self.qweight.device))
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, INT{self.w_bit} g{self.group_size}, {self.backend}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding that reads the rows of a (tied) ``QuantLinear``: the packed matrix is stored once."""
+
+    def __init__(self, table: QuantLinear):
+        super().__init__()
+        self.table = table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.rows(ids)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table, built on demand (code that reads ``embed_tokens.weight`` still works)."""
+        return self.table.dequantize()

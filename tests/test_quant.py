@@ -1,0 +1,256 @@
+"""Lesson 6: INT4 packing, round-to-nearest, the W4A16 kernels, AWQ's scale search, the quantized engine."""
+
+from __future__ import annotations
+
+import copy
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+EVAL_TEXT = ROOT / "data" / "text" / "kjv_luke_1-12.txt"
+
+
+def _dequantize_reference(q, scales, zeros, group_size):
+    """Float64 ``(q - zero) * scale``, group by group, for the kernels to be graded against."""
+    expand = lambda t: t.double().repeat_interleave(group_size, dim=1)
+    return (q.double() - expand(zeros)) * expand(scales)
+
+
+# ---------------------------------------------------------------- packing (Lab 6)
+
+
+@pytest.mark.lab6
+@pytest.mark.parametrize("shape", [(8,), (3, 16), (2, 5, 64), (7, 576)])
+def test_pack_unpack_round_trip(load, shape):
+    pack = load("quant.pack")
+    values = torch.randint(0, 16, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = pack.pack_int4(values)
+    assert packed.dtype == torch.int32 and packed.shape == (*shape[:-1], shape[-1] // 8)
+    assert torch.equal(pack.unpack_int4(packed), values)
+
+
+@pytest.mark.lab6
+def test_pack_layout_is_element_k_at_bit_4k(load):
+    pack = load("quant.pack")
+    values = torch.tensor([1, 2, 3, 4, 5, 6, 7, 15], dtype=torch.uint8)
+    word = sum(int(v) << (4 * i) for i, v in enumerate(values.tolist()))
+    expected = word - (1 << 32)  # element 7 is 15, so the word's sign bit is set
+    assert pack.pack_int4(values).tolist() == [expected]
+    assert pack.unpack_int4(torch.tensor([expected], dtype=torch.int32)).tolist() == values.tolist()
+
+
+def test_pack_rejects_bad_input(load):
+    pack = load("quant.pack")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack.pack_int4(torch.zeros(2, 12, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        pack.pack_int4(torch.full((8,), 16))
+    with pytest.raises(ValueError, match="int32"):
+        pack.unpack_int4(torch.zeros(2, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- round-to-nearest
+
+
+@pytest.mark.parametrize("w_bit", [3, 4])
+def test_rtn_error_is_at_most_half_a_step(load, w_bit):
+    rtn = load("quant.rtn")
+    weight = torch.randn(40, 192, generator=torch.Generator().manual_seed(1))
+    g = rtn.quantize(weight, w_bit, 64)
+    assert int(g.q.max()) <= 2**w_bit - 1
+    step = g.scales.repeat_interleave(64, dim=1)
+    assert ((g.dequantize() - weight).abs() <= step / 2 + 1e-6).all()
+
+
+def test_rtn_rejects_bad_arguments(load):
+    rtn = load("quant.rtn")
+    with pytest.raises(ValueError, match="w_bit"):
+        rtn.quantize(torch.randn(4, 64), 5, 64)
+    with pytest.raises(ValueError, match=r"does not divide the 576 input features.*4.5 x 128"):
+        rtn.quantize(torch.randn(4, 576), 4, 128)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        rtn.quantize(torch.randn(4, 60), 4, 12)
+
+
+# ---------------------------------------------------------------- the W4A16 kernels and the packed module
+
+
+@pytest.mark.parametrize(
+    "m, n, k, group_size",
+    [(1, 37, 96, 32), (3, 70, 200, 40), (4, 64, 128, 128), (5, 100, 256, 64), (33, 37, 96, 32), (17, 130, 320, 64)],
+)
+def test_w4a16_kernel_matches_dequantize_then_matmul(load, m, n, k, group_size):
+    """GEMV (m <= 4) and GEMM (m > 4) under the interpreter; odd N, K not a multiple of the tile, groups across tiles."""
+    rtn, pack, kernel = load("quant.rtn"), load("quant.pack"), load("kernels.awq_gemm")
+    gen = torch.Generator().manual_seed(m * 1000 + n)
+    g = rtn.quantize(torch.randn(n, k, generator=gen), 4, group_size)
+    x = torch.randn(m, k, generator=gen)
+    out = kernel.awq_gemm(x, pack.pack_int4(g.q), g.scales.half(), g.zeros, group_size)
+    expected = x.double() @ _dequantize_reference(g.q, g.scales.half(), g.zeros, group_size).T
+    assert out.shape == (m, n) and out.dtype == x.dtype
+    assert (out.double() - expected).abs().max() / expected.abs().max() < 1e-5
+
+
+def test_w4a16_kernel_rejects_mismatched_operands(load):
+    kernel = load("kernels.awq_gemm")
+    qweight, scales, zeros = torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1).half(), torch.zeros(8, 1)
+    with pytest.raises(ValueError, match="features"):
+        kernel.awq_gemm(torch.randn(2, 40), qweight, scales, zeros, 32)
+    with pytest.raises(ValueError, match="does not divide"):
+        kernel.awq_gemm(torch.randn(2, 32), qweight, scales, zeros, 24)
+
+
+def test_quant_linear_cpu_kernel_and_rows(load):
+    """torch's CPU int4 kernel computes x W^T for our codes, and ``rows`` reads its tiled layout back exactly."""
+    linear = load("quant.linear")
+    weight = torch.randn(192, 576, generator=torch.Generator().manual_seed(2))
+    module = linear.QuantLinear.from_float(weight, 4, 64)
+    assert module.backend == "cpu"
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(3))
+    w = module.dequantize()
+    expected = x.double() @ w.double().T
+    assert (module(x).double() - expected).abs().max() / expected.abs().max() < 1e-2  # bfloat16 activations
+    assert (w - weight).abs().max() < 0.5  # within a step of the float weight
+    ids = torch.tensor([[5, 64], [191, 0]])
+    assert torch.equal(module.rows(ids), w[ids])
+    # The kernel applied to the identity gives the weight it actually uses: the same as ``rows`` up to bf16 output.
+    assert (module(torch.eye(576)).T - w).abs().max() < 0.02
+
+
+# ---------------------------------------------------------------- AWQ on real activations
+
+
+@pytest.fixture(scope="module")
+def real_layer_inputs():
+    """The float model, and the inputs of layer 3 and of its MLP linears on 256 tokens of the evaluation text."""
+    from solutions.model.llama import LlamaModel
+    from solutions.model.loader import load_weights
+
+    weights = load_weights()
+    model = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
+    ids = torch.tensor(weights.tokenizer.encode(EVAL_TEXT.read_text())[:256])
+    layer = model.layers[3]
+    captured = {}
+
+    def grab(name):
+        def hook(module, args):  # returns None, so the forward goes on with its own arguments
+            captured.setdefault(name, args[0])
+
+        return hook
+
+    hooks = [
+        layer.register_forward_pre_hook(grab("layer")),
+        layer.mlp.gate_up_proj.register_forward_pre_hook(grab("gate_up")),
+        layer.mlp.down_proj.register_forward_pre_hook(grab("down")),
+    ]
+    with torch.inference_mode():
+        model.sequence_logits(ids)
+    for hook in hooks:
+        hook.remove()
+    return model, weights, captured
+
+
+@pytest.mark.lab6
+@pytest.mark.slow
+@pytest.mark.parametrize("linear, w_bit", [("gate_up", 4), ("down", 4), ("down", 3)])
+def test_scale_search_beats_round_to_nearest(load, real_layer_inputs, linear, w_bit):
+    awq, rtn = load("quant.awq"), load("quant.rtn")
+    model, _, captured = real_layer_inputs
+    mlp = model.layers[3].mlp
+    weight = (mlp.gate_up_proj if linear == "gate_up" else mlp.down_proj).weight
+    x = captured[linear]
+    result = awq.search_scale(weight, x, w_bit, 64, n_grid=10)
+    assert result.alphas == [i / 10 for i in range(10)] and len(result.errors) == 10
+    assert result.scales.shape == (weight.shape[1],) and (result.scales > 0).all()
+    rtn_error = (x @ rtn.fake_quantize(weight, w_bit, 64).T - x @ weight.T).pow(2).mean().item()
+    assert result.errors[0] == pytest.approx(rtn_error, rel=1e-4)  # alpha = 0 is plain RTN
+    assert result.alpha > 0 and min(result.errors) < rtn_error
+    assert result.errors[result.alphas.index(result.alpha)] == min(result.errors)
+    s = result.scales
+    awq_error = (x @ (rtn.fake_quantize(weight * s, w_bit, 64) / s).T - x @ weight.T).pow(2).mean().item()
+    assert awq_error == pytest.approx(min(result.errors), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_awq_block_output_error_below_rtn(real_layer_inputs):
+    """A whole decoder layer with the cached AWQ scales and clips, on held-out text, against RTN and float."""
+    from solutions.quant.awq import load_awq_params
+    from solutions.quant.model import quantize_model
+
+    model, weights, captured = real_layer_inputs
+    x = captured["layer"]
+    cos, sin = model.rope_cos[: len(x)], model.rope_sin[: len(x)]
+
+    def causal(layer, q, k, v):
+        from solutions.kernels.attention import gqa_attention
+
+        return gqa_attention(*[t.transpose(0, 1)[None] for t in (q, k, v)], causal=True)[0].transpose(0, 1)
+
+    def layer_output(net):
+        with torch.inference_mode():
+            return net.layers[3](x, cos, sin, causal)
+
+    expected = layer_output(model)
+    errors = {}
+    for method in ("rtn", "awq"):
+        params = load_awq_params(weights.source.stem, 4, 64) if method == "awq" else None
+        net = quantize_model(copy.deepcopy(model), method, 4, 64, params)
+        errors[method] = (layer_output(net) - expected).pow(2).mean().item()
+    assert errors["awq"] < 0.8 * errors["rtn"], errors
+
+
+# ---------------------------------------------------------------- the engine and the CLI
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["rtn", "awq"])
+def test_quantized_engine_generates_like_float(llm, method):
+    """Greedy text from the packed engine is fluent and, fed the float model's own continuation, it
+    mostly picks the float model's next token (free-running text drifts apart soon at 135M params)."""
+    from solutions import LLM, SamplingParams
+
+    prompt = "The history of the printing press begins"
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    reference = llm.generate(prompt, params)[0].outputs[0].token_ids
+    quant = LLM(device="cpu", dtype="float32", max_num_seqs=16, max_model_len=256, quantization=method)
+    text = quant.generate(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0].outputs[0].text
+    words = text.split()
+    assert len(words) >= 12 and sum(w.strip(".,;:!?'\"()").isalpha() for w in words) >= 0.8 * len(words), text
+    assert max(words.count(w) for w in words) <= 8, text  # not stuck repeating itself
+    prompt_ids = quant.tokenizer.encode(prompt)
+    prefixes = [prompt_ids + reference[:k] for k in range(16)]
+    picks = [o.outputs[0].token_ids[0] for o in quant.generate(prefixes, SamplingParams(temperature=0, max_tokens=1))]
+    agree = sum(p == reference[k] for p, k in zip(picks, range(16)))
+    assert agree >= 8, f"{method}: {agree}/16 next tokens match float's"
+
+
+def test_engine_config_validates_quantization():
+    from solutions.config import EngineConfig
+
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="gptq")
+    with pytest.raises(ValueError, match="w_bit"):
+        EngineConfig(quantization="rtn", w_bit=8)
+    with pytest.raises(ValueError, match="group_size"):
+        EngineConfig(quantization="rtn", group_size=0)
+
+
+def test_missing_awq_scales_say_how_to_compute_them(load):
+    awq = load("quant.awq")
+    with pytest.raises(FileNotFoundError, match=r"python -m solutions\.quant\.awq --w-bit 2 --group-size 32"):
+        awq.load_awq_params("SmolLM2-135M-Instruct.Q4_1", 2, 32)
+
+
+@pytest.mark.slow
+def test_perplexity_cli_prints_the_figure_last():
+    from solutions.__main__ import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["perplexity", "--file", str(EVAL_TEXT), "--quantization", "rtn", "--max-tokens", "128"]) == 0
+    last = out.getvalue().strip().splitlines()[-1]
+    assert last.startswith("perplexity: ") and 1 < float(last.split()[-1]) < 100
