@@ -8,6 +8,7 @@ import sys
 
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
+    "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
 }
 
 
@@ -65,6 +66,22 @@ def chat(args) -> int:
     return 0
 
 
+def perplexity(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .quant.model import build_model
+    from .quant.perplexity import perplexity as score
+
+    model, tokenizer = build_model(args.quantization, args.w_bit, args.group_size)
+    ids = torch.tensor(tokenizer.encode(Path(args.file).read_text())[: args.max_tokens])
+    label = f"{args.quantization} INT{args.w_bit} g{args.group_size}" if args.quantization else "float32"
+    print(f"{args.file}: {len(ids)} tokens, windows of {args.window}, weights {label}")
+    print(f"perplexity: {score(model, ids, args.window):.4f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions", description="The Fast Mode inference engine.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("prompt")
     _engine_args(gen)
     _engine_args(commands.add_parser("chat", help="an interactive chat using the model's chat template"))
+    ppl = commands.add_parser("perplexity", help="perplexity of the bundled model on a text file, optionally quantized")
+    ppl.add_argument("--file", required=True, help="a UTF-8 text file, e.g. data/text/kjv_luke_1-12.txt")
+    ppl.add_argument("--quantization", choices=["rtn", "awq"], default=None)
+    ppl.add_argument("--w-bit", type=int, default=4)
+    ppl.add_argument("--group-size", type=int, default=64)
+    ppl.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens")
+    ppl.add_argument("--window", type=int, default=512, help="tokens per independently scored window")
     bench = commands.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=sorted(BENCHES), help="; ".join(f"{k}: {v}" for k, v in BENCHES.items()))
     args, rest = parser.parse_known_args(argv)
@@ -79,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(f".bench.{args.name}", __package__).main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"generate": generate, "chat": chat}[args.command](args)
+    return {"generate": generate, "chat": chat, "perplexity": perplexity}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 ATTENTION_BACKENDS = ("auto", "torch")
+QUANTIZATION_METHODS = ("rtn", "awq")
 
 
 @dataclass
@@ -16,6 +17,8 @@ class EngineConfig:
 
     ``max_num_seqs`` sequences run at once, each with a cache slot of ``max_model_len`` tokens.
     ``attention_backend`` "auto" (or ``$FASTMODE_ATTENTION``) picks the attention implementation.
+    ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
+    ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions.quant.awq``.
     """
 
     model: str | None = None
@@ -25,6 +28,9 @@ class EngineConfig:
     max_model_len: int = 2048
     attention_backend: str = "auto"
     num_threads: int | None = None
+    quantization: str | None = None
+    w_bit: int = 4
+    group_size: int = 64
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -45,6 +51,12 @@ class EngineConfig:
             self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.w_bit not in (2, 3, 4):
+            raise ValueError(f"w_bit must be 2, 3 or 4 (codes are stored in 4-bit fields), got {self.w_bit}")
+        if self.group_size < 8 or self.group_size % 8:
+            raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

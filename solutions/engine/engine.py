@@ -26,6 +26,10 @@ class Engine:
         self.model_config = weights.config
         self.tokenizer = weights.tokenizer
         self.model = LlamaModel.from_state_dict(weights.config, weights.state_dict, config.device, config.torch_dtype)
+        if config.quantization:
+            from ..quant.model import quantize_named_model  # here, so `python -m solutions.quant.awq` imports it once
+
+            quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len)
         self.scheduler = StaticBatchScheduler(config.max_num_seqs)
