@@ -28,12 +28,23 @@ GEMV_MAX_ROWS = 4  # up to this many rows, re-reading the weight per row costs l
 
 
 @triton.jit
-def _dequantize(qweight_ptr, scales_ptr, zeros_ptr, offs_n, offs_k, N, K, GROUP: tl.constexpr):
-    """Float32 ``W[offs_n, offs_k]`` ``[BLOCK_N, BLOCK_K]``; out-of-range entries are 0."""
+def _dequantize(
+    qweight_ptr, scales_ptr, zeros_ptr, offs_n, k0, N, K,
+    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Float32 ``W[offs_n, k0 : k0 + BLOCK_K]`` ``[BLOCK_N, BLOCK_K]``; out-of-range entries are 0.
+
+    Each int32 word is loaded once and split into its eight codes by broadcasting shifts; the
+    row-major reshape ``[BLOCK_N, BLOCK_K/8, 8] -> [BLOCK_N, BLOCK_K]`` puts code i of word j at k = 8j + i.
+    """
+    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    word_mask = (offs_n[:, None] < N) & (offs_w[None, :] < K // 8)
+    words = tl.load(qweight_ptr + offs_n[:, None] * (K // 8) + offs_w[None, :], mask=word_mask, other=0)
+    codes = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+    codes = tl.reshape(codes, (BLOCK_N, BLOCK_K))
+    offs_k = k0 + tl.arange(0, BLOCK_K)
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    words = tl.load(qweight_ptr + offs_n[:, None] * (K // 8) + offs_k[None, :] // 8, mask=mask, other=0)
-    codes = (words >> ((offs_k[None, :] % 8) * 4)) & 0xF
-    group = offs_n[:, None] * (K // GROUP) + offs_k[None, :] // GROUP
+    group = offs_n[:, None] * (K // GROUP) + offs_k[None, :] // GROUP  # one load per group, served from cache
     scales = tl.load(scales_ptr + group, mask=mask, other=0.0).to(tl.float32)
     zeros = tl.load(zeros_ptr + group, mask=mask, other=0).to(tl.float32)
     return (codes.to(tl.float32) - zeros) * scales
@@ -51,7 +62,7 @@ def _w4a16_gemm_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x_mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
-        w = _dequantize(qweight_ptr, scales_ptr, zeros_ptr, offs_n, offs_k, N, K, GROUP)
+        w = _dequantize(qweight_ptr, scales_ptr, zeros_ptr, offs_n, k0, N, K, GROUP, BLOCK_N, BLOCK_K)
         acc += tl.dot(x, tl.trans(w.to(x.dtype)))
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -68,7 +79,7 @@ def _w4a16_gemv_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        w = _dequantize(qweight_ptr, scales_ptr, zeros_ptr, offs_n, offs_k, N, K, GROUP)
+        w = _dequantize(qweight_ptr, scales_ptr, zeros_ptr, offs_n, k0, N, K, GROUP, BLOCK_N, BLOCK_K)
         acc += tl.sum(w * x[None, :], axis=1)
     tl.store(out_ptr + row * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
