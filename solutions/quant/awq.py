@@ -142,7 +142,9 @@ def _mlp_block(mlp) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 @torch.inference_mode()
-def calibrate(model, calibration_ids: torch.Tensor, w_bit: int, group_size: int, window: int = 512):
+def calibrate(
+    model, calibration_ids: torch.Tensor, w_bit: int, group_size: int, window: int = 512
+) -> dict[str, torch.Tensor]:
     """AWQ scales and clip indices for every linear of ``model``, from one float pass over ``calibration_ids``.
 
     The model is left unchanged. Inputs are captured once: scaling preserves each layer's function,

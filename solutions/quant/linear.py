@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .pack import pack_int4, unpack_int4
-from .rtn import GroupQuantized
+from .rtn import GroupQuantized, quantize
 
 # The CPU kernel's tiled layout as read by ``_cpu_rows``: rows in blocks of 64; for each block and input
 # channel k, 32 bytes whose low nibbles are rows 0..31 of the block and high nibbles rows 32..63.
@@ -65,8 +65,6 @@ class QuantLinear(nn.Module):
         cls, weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None
     ) -> QuantLinear:
         """Round-to-nearest quantize ``weight`` (clipped to ``max_val`` per group if given), in its dtype and device."""
-        from .rtn import quantize
-
         return cls(quantize(weight, w_bit, group_size, max_val), weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
