@@ -9,9 +9,8 @@ calibration activations, and folds ``1/s`` into whatever produced ``x`` (an RMSN
 rows of the previous linear), so inference pays nothing for it. Then a clipping search shrinks each
 output channel's range where that lowers the output error further.
 
-Differences from the reference implementation, on purpose: the error is measured on the MLP's output
-for ``gate_up_proj`` (as llm-awq does) but on the linear's own output for ``qkv_proj`` (llm-awq runs
-the whole attention block), and the clip ratio is chosen per output channel
+As in llm-awq, the error for ``qkv_proj`` is measured on the attention block's output and for
+``gate_up_proj`` on the MLP's. Differences from it, on purpose: the clip ratio is chosen per output channel
 (llm-awq: per group), which keeps the cached file small. ``o_proj`` gets no scale: with grouped-query
 attention its input channels come from shared V heads, so a free per-channel scale cannot be folded
 into V (llm-awq skips it too). The tied LM head gets no scale either, since folding one would change
@@ -115,6 +114,24 @@ def load_awq_params(model_name: str, w_bit: int, group_size: int) -> dict[str, t
     return load_file(str(path))
 
 
+def _attention_block(attn, cos: torch.Tensor, sin: torch.Tensor, window: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """qkv_proj's output -> o_proj's output (float o_proj), causal within each calibration window."""
+    from ..kernels.attention import gqa_attention
+    from ..model.llama import apply_rope
+
+    rotated = attn.num_heads + attn.num_kv_heads
+
+    def block(qkv: torch.Tensor) -> torch.Tensor:
+        tokens = qkv.shape[0]
+        qkv = qkv.view(tokens, rotated + attn.num_kv_heads, attn.head_dim)
+        q, k = apply_rope(qkv[:, :rotated], cos, sin).split([attn.num_heads, attn.num_kv_heads], dim=1)
+        heads_first = lambda t: t.reshape(-1, window, t.shape[1], attn.head_dim).transpose(1, 2)
+        out = gqa_attention(heads_first(q), heads_first(k), heads_first(qkv[:, rotated:]), causal=True)
+        return out.transpose(1, 2).reshape(tokens, -1) @ attn.o_proj.weight.T
+
+    return block
+
+
 def _mlp_block(mlp) -> Callable[[torch.Tensor], torch.Tensor]:
     """gate_up's output -> the MLP's output, with the float down projection."""
 
@@ -138,6 +155,9 @@ def calibrate(
 
     from .model import layer_linears
 
+    calibration_ids = calibration_ids[: len(calibration_ids) // window * window]  # whole windows only
+    positions = torch.arange(len(calibration_ids)) % window
+    cos, sin = model.rope_cos[positions], model.rope_sin[positions]
     captured: dict[str, list[torch.Tensor]] = {}
     hooks = []
     for name, module in [*layer_linears(model), ("lm_head", model.lm_head)]:
@@ -154,12 +174,14 @@ def calibrate(
     params: dict[str, torch.Tensor] = {}
     # The scale each linear's input gets: qkv and gate_up read a norm's output, down_proj reads up's.
     scaled = [n for n, _ in layer_linears(model) if not n.endswith("o_proj")]
-    module_of = {f"layers.{i}.gate_up_proj": layer.mlp for i, layer in enumerate(model.layers)}
+    blocks = {}
+    for i, layer in enumerate(model.layers):
+        blocks[f"layers.{i}.qkv_proj"] = _attention_block(layer.self_attn, cos, sin, window)
+        blocks[f"layers.{i}.gate_up_proj"] = _mlp_block(layer.mlp)
     for name, module in tqdm(list(layer_linears(model)), desc="searching scales and clips", unit="linear"):
         weight, x = module.weight, inputs[name]
         if name in scaled:
-            block = _mlp_block(module_of[name]) if name.endswith("gate_up_proj") else None
-            scales = search_scale(weight, x, w_bit, group_size, block=block).scales
+            scales = search_scale(weight, x, w_bit, group_size, block=blocks.get(name)).scales
             params[f"{name}.scales"] = scales.half()
             weight, x = weight * scales, x / scales
         params[f"{name}.clip"] = search_clip(weight, x, w_bit, group_size)

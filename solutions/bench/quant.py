@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions bench quant", description=__doc__.splitlines()[0])
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--ppl-tokens", type=int, default=4096, help="evaluation tokens scored per setting")
+    parser.add_argument("--ppl-tokens", type=int, default=None, help="score only the first N tokens (default: all)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per decode measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
