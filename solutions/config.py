@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATION_METHODS = ("rtn", "awq")
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention import gqa_attention
+from ..kernels.attention_backend import prefill_attention
 
 
 class KVCache:
@@ -102,5 +103,5 @@ class CacheAttention:
         for slot, start, q_len, seq_len in zip(meta.slots, meta.query_start, meta.query_lens, meta.seq_lens):
             keys, values = self.cache.sequence_kv(layer, slice(slot, slot + 1), seq_len)
             q_seq = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-            outs.append(gqa_attention(q_seq, keys, values, causal=True)[0].transpose(0, 1))
+            outs.append(prefill_attention(q_seq, keys, values, causal=True)[0].transpose(0, 1))
         return torch.cat(outs) if len(outs) > 1 else outs[0]

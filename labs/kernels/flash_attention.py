@@ -1,0 +1,220 @@
+# Generated from solutions/kernels/flash_attention.py by tools/make_labs.py: fill in each NotImplementedError.
+"""FlashAttention-2 forward in Triton: tiled attention with an online softmax, never storing the N x N scores.
+
+Semantics match ``kernels.attention.gqa_attention``: q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]``, query
+head ``h`` reads K/V head ``h // (Hq // Hkv)``, causal aligned bottom-right (query ``i`` sees keys
+``j <= i + Lk - Lq``). One program owns ``BLOCK_M`` query rows of one (sequence, query head) and loops over
+key blocks, keeping per row the running max ``m``, the running sum ``l`` (relative to ``m``) and the
+unnormalised output ``acc``, all in float32. Scores are kept in base 2 (scaled by log2 e) so ``exp2`` is used.
+
+The varlen form packs sequences along one token axis: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, with
+``cu_seqlens_q``/``cu_seqlens_k`` ``[B + 1]`` int32 offsets; sequence ``b`` owns rows
+``cu[b]:cu[b + 1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention import check_attention_inputs
+
+LOG2_E = 1.4426950408889634
+
+
+def online_softmax_update(
+    m: torch.Tensor, denom: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key block of the online softmax, in plain torch (natural-log scores).
+
+    Invariant on entry and exit: ``acc / denom[:, None]`` is softmax attention over the keys seen so far, with
+    ``denom = sum exp(s - m)`` and ``m`` the row max so far. ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
+    """
+    raise NotImplementedError("Lab 1: new max = max(m, rowmax(s)); rescale denom and acc by exp(m - new max); add this block's exp(s - new max)")
+
+
+@triton.jit
+def _online_softmax_step(m_i, l_i, acc, s, v):
+    """The kernel's copy of ``online_softmax_update`` on base-2 scores ``s`` [BLOCK_M, BLOCK_N]."""
+    raise NotImplementedError("Lab 1: the same update with exp2; multiply p (cast to v's dtype) by v with tl.dot")
+
+
+@triton.jit
+def _flash_fwd(
+    Q, K, V, Out, LSE,
+    cu_q, cu_k,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    q_len, k_len, q_heads, group, qk_scale,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // q_heads
+    h = bh % q_heads
+    kv_h = h // group
+    if VARLEN:
+        # Packed rows: every sequence sits at batch 0 with its own row offset and lengths.
+        q_start = tl.load(cu_q + b)
+        k_start = tl.load(cu_k + b)
+        q_len = tl.load(cu_q + b + 1) - q_start
+        k_len = tl.load(cu_k + b + 1) - k_start
+        q_base = Q + q_start * stride_qm + h * stride_qh
+        k_base = K + k_start * stride_kn + kv_h * stride_kh
+        v_base = V + k_start * stride_vn + kv_h * stride_vh
+        o_base = Out + q_start * stride_om + h * stride_oh
+        lse_base = LSE + q_start * q_heads + h
+        lse_stride = q_heads
+    else:
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + kv_h * stride_kh
+        v_base = V + b * stride_vb + kv_h * stride_vh
+        o_base = Out + b * stride_ob + h * stride_oh
+        lse_base = LSE + bh * q_len
+        lse_stride = 1
+    if start_m * BLOCK_M >= q_len:
+        return
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < q_len, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Bottom-right causal: row i sees keys j <= i + shift; key blocks past the block's last row are skipped.
+    shift = k_len - q_len
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M + shift)
+    raise NotImplementedError('Lab 1: loop over key blocks up to hi: load K and V tiles (masked past k_len), s = q k^T * qk_scale, mask ragged and causal entries to -inf, call _online_softmax_step')
+
+    # Rows that see no key at all (causal with Lq > Lk) output 0, as a fully masked softmax row has no mass.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(
+        o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=offs_m[:, None] < q_len,
+    )
+    if STORE_LSE:
+        # Natural-log LSE: m and l are in base 2.
+        lse = (m_i + tl.math.log2(l_safe)) / 1.4426950408889634
+        tl.store(lse_base + offs_m * lse_stride, lse, mask=offs_m < q_len)
+
+
+def _block_sizes(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); small tiles in the interpreter, where each op is slow."""
+    if device.type != "cuda":
+        return 16, 16, 1, 1
+    if head_dim <= 64:
+        return 128, 64, 4, 3
+    return 128, 64, 8, 2
+
+
+def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Stride-1 last dims; on CPU, bf16 inputs go in as float32, as the interpreter's numpy has no bfloat16."""
+    dtype = torch.float32 if tensors[0].device.type != "cuda" and tensors[0].dtype == torch.bfloat16 else None
+    tensors = tuple(t if dtype is None else t.to(dtype) for t in tensors)
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim not in (32, 64, 128):
+        raise ValueError(f"head dim must be 32, 64 or 128, got {head_dim}")
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * sm_scale + mask) v for q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (see module doc).
+
+    Returns the output (q's dtype and shape) and, with ``return_lse``, the float32 log-sum-exp ``[B, Hq, Lq]``
+    of each row's scaled scores (``-inf`` for rows that see no key).
+    """
+    check_attention_inputs(q, k, v)
+    _check_head_dim(q.shape[-1])
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    in_dtype = q.dtype
+    q, k, v = _interpretable(q, k, v)
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, q_heads, q_len), device=q.device, dtype=torch.float32)
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device)
+    grid = (triton.cdiv(q_len, block_m), batch * q_heads)
+    _flash_fwd[grid](
+        q, k, v, out, lse,
+        q, q,  # cu_seqlens unused when VARLEN is off
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        q_len, k_len, q_heads, q_heads // kv_heads, scale * LOG2_E,
+        CAUSAL=causal, VARLEN=False, STORE_LSE=return_lse,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    out = out.to(in_dtype)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    *,
+    causal: bool,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed sequences: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, offsets ``[B + 1]`` (module doc).
+
+    Each sequence attends only to its own keys; causal alignment is bottom-right per sequence.
+    ``max_seqlen_q`` sizes the grid (the longest query run).
+    """
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            f"varlen q, k, v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    check_attention_inputs(
+        q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), v.unsqueeze(0).transpose(1, 2)
+    )
+    _check_head_dim(q.shape[-1])
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.dim() != 1:
+        raise ValueError(
+            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} must be [B + 1]"
+        )
+    q_heads, head_dim = q.shape[1], q.shape[2]
+    batch = cu_seqlens_q.numel() - 1
+    in_dtype = q.dtype
+    q, k, v = _interpretable(q, k, v)
+    cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens_q, cu_seqlens_k))
+    out = torch.empty_like(q)
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device)
+    grid = (max(1, triton.cdiv(max_seqlen_q, block_m)), batch * q_heads)
+    _flash_fwd[grid](
+        q, k, v, out, out,  # LSE unused when STORE_LSE is off
+        cu_q, cu_k,
+        0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0),
+        0, out.stride(1), out.stride(0),
+        0, 0, q_heads, q_heads // k.shape[1], scale * LOG2_E,
+        CAUSAL=causal, VARLEN=True, STORE_LSE=False,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out.to(in_dtype)
+
+
+def flops(batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool) -> float:
+    """Forward FLOPs, 4 * B * H * Lq * Lk * D (two matmuls), halved when causal."""
+    total = 4.0 * batch * heads * q_len * k_len * head_dim
+    return total / 2 if causal else total
