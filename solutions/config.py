@@ -51,6 +51,9 @@ class EngineConfig:
             self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.attention_backend == "triton" and self.device == "cpu":
+            # No GPU: the Triton kernel runs through its interpreter, which is read when triton loads a kernel module.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.w_bit not in (2, 3, 4):

@@ -127,3 +127,18 @@ def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
     via_triton = llm.generate("The capital of France is", params)[0].outputs[0].token_ids
     monkeypatch.setenv("FASTMODE_ATTENTION", "torch")
     assert via_triton == llm.generate("The capital of France is", params)[0].outputs[0].token_ids
+
+
+def test_engine_option_selects_the_triton_prefill(monkeypatch):
+    """``LLM(attention_backend="triton")`` reaches the kernel through the runner, not only the env var."""
+    from solutions import LLM, SamplingParams
+    from solutions.kernels import flash_attention as module
+
+    monkeypatch.delenv("FASTMODE_ATTENTION", raising=False)
+    calls = []
+    real = module.flash_attention
+    monkeypatch.setattr(module, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    LLM(device="cpu", attention_backend="triton", max_model_len=64).generate(
+        "Hello there, friend", SamplingParams(max_tokens=2)
+    )
+    assert len(calls) == 30  # one prefill call per layer

@@ -76,8 +76,8 @@ class AttentionMetadata:
 class CacheAttention:
     """The model's ``attend`` for one step: write K/V to the cache, then attend over each sequence."""
 
-    def __init__(self, cache: KVCache, meta: AttentionMetadata):
-        self.cache, self.meta = cache, meta
+    def __init__(self, cache: KVCache, meta: AttentionMetadata, backend: str = "auto"):
+        self.cache, self.meta, self.backend = cache, meta, backend
         # Decode batches whose slots are 0..B-1 read the cache as a view, not a gather.
         slots = meta.slots
         self.slot_index = (
@@ -103,5 +103,5 @@ class CacheAttention:
         for slot, start, q_len, seq_len in zip(meta.slots, meta.query_start, meta.query_lens, meta.seq_lens):
             keys, values = self.cache.sequence_kv(layer, slice(slot, slot + 1), seq_len)
             q_seq = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-            outs.append(prefill_attention(q_seq, keys, values, causal=True)[0].transpose(0, 1))
+            outs.append(prefill_attention(q_seq, keys, values, causal=True, backend=self.backend)[0].transpose(0, 1))
         return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -31,7 +31,7 @@ class Engine:
 
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
-        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len, config.attention_backend)
         self.scheduler = StaticBatchScheduler(config.max_num_seqs)
         self._ids = itertools.count()
 

@@ -10,9 +10,10 @@ from .request import Request
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_slots: int, max_model_len: int):
+    def __init__(self, model: LlamaModel, num_slots: int, max_model_len: int, attention_backend: str = "auto"):
         config = model.config
         self.model = model
+        self.attention_backend = attention_backend
         self.device = model.embed_tokens.weight.device
         self.max_model_len = max_model_len
         self.cache = KVCache(
@@ -53,7 +54,9 @@ class ModelRunner:
             seq_lens_tensor=torch.tensor(seq_lens, **to_device),
         )
         hidden = self.model(
-            torch.tensor(token_ids, **to_device), torch.tensor(positions, **to_device), CacheAttention(self.cache, meta)
+            torch.tensor(token_ids, **to_device),
+            torch.tensor(positions, **to_device),
+            CacheAttention(self.cache, meta, self.attention_backend),
         )
         last = torch.tensor([s + n - 1 for s, n in zip(query_start, query_lens)], **to_device)
         for request, seq_len in zip(requests, seq_lens):
