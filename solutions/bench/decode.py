@@ -22,6 +22,18 @@ def _hf_generate(model, ids: torch.Tensor, new_tokens: int) -> None:
         model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=2)
 
 
+def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately:
+    each repeat runs every engine once, so drifts in machine speed hit them all alike."""
+    for run in runs.values():
+        run(8)  # warm up
+    figures: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            figures[name] += seconds_per_decode_token(run, new_tokens, 1)
+    return {name: 1 / statistics.median(f) for name, f in figures.items()}
+
+
 def seconds_per_decode_token(run, new_tokens: int, repeats: int) -> list[float]:
     """One figure per repeat: (t(new_tokens) - t(1)) / (new_tokens - 1)."""
     figures = []
@@ -61,13 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
         ids = torch.tensor([llm.tokenizer.encode(PROMPT)])
         runs["HF transformers generate"] = lambda n: _hf_generate(hf_model, ids, n)
-    for run in runs.values():
-        run(8)  # warm up
-    figures: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.repeats):  # alternate, so drifts in machine speed hit both engines alike
-        for name, run in runs.items():
-            figures[name] += seconds_per_decode_token(run, args.tokens, 1)
-
+    speeds = decode_speeds(runs, args.tokens, args.repeats)
     bandwidth = measure_read_bandwidth()
     weight_bytes = decode_bytes_per_token(llm.engine.model)
     roofline = bandwidth / weight_bytes
@@ -76,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"weight bytes read per decode token: {weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s")
     print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}:")
     print(f"{'engine':<26}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
-    speeds = {name: 1 / statistics.median(f) for name, f in figures.items()}
     hf_speed = speeds.get("HF transformers generate")
     for name, speed in speeds.items():
         vs_hf = f"{speed / hf_speed:.2f}x" if hf_speed else "-"

@@ -11,12 +11,11 @@ Triton W4A16 GEMV against a float16 matrix-vector product for each of the model'
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
 
-from .decode import PROMPT, seconds_per_decode_token
+from .decode import PROMPT, decode_speeds
 
 EVAL_TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_luke_1-12.txt"
 SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
@@ -95,13 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = _llama_cpp_runner(args.threads)
     if peer is not None:
         runs["llama.cpp Q4_1 (peer)"] = peer
-    for run in runs.values():
-        run(8)  # warm up
-    figures: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.repeats):  # alternate, so drifts in machine speed hit every engine alike
-        for name, run in runs.items():
-            figures[name] += seconds_per_decode_token(run, args.tokens, 1)
-    speeds = {name: 1 / statistics.median(f) for name, f in figures.items()}
+    speeds = decode_speeds(runs, args.tokens, args.repeats)
 
     print(f"machine: {args.threads} CPU threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}")
     print(f"perplexity: {EVAL_TEXT.name}, first {len(ids)} tokens, windows of 512")
