@@ -14,7 +14,7 @@ class ModelRunner:
         config = model.config
         self.model = model
         self.attention_backend = attention_backend
-        self.device = model.embed_tokens.weight.device
+        self.device = model.norm.weight.device
         self.max_model_len = max_model_len
         self.cache = KVCache(
             config.num_layers,
@@ -22,7 +22,7 @@ class ModelRunner:
             max_model_len,
             config.num_kv_heads,
             config.head_dim,
-            model.embed_tokens.weight.dtype,
+            model.norm.weight.dtype,
             self.device,
         )
 
