@@ -37,10 +37,6 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``, ``v`` ``[T, Hkv, D]`` at rows ``slot_mapping`` ``[T]``."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)

@@ -32,11 +32,6 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
 
-    @property
-    def gqa_group_size(self) -> int:
-        """Query heads that share one key/value head."""
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> ModelConfig:
         arch = meta["general.architecture"]
