@@ -76,4 +76,4 @@ class LLM:
             while engine.has_unfinished_requests():
                 yield from engine.step()
         finally:
-            engine.abort(requests)
+            engine.abort([r.request_id for r in requests])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,14 @@ from .runner import ModelRunner
 from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import StaticBatchScheduler
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
 
 
 class Engine:
@@ -34,24 +43,31 @@ class Engine:
         self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len, config.attention_backend)
         self.scheduler = StaticBatchScheduler(config.max_num_seqs)
         self._ids = itertools.count()
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
 
-    def add_requests(self, prompts: list[str | list[int]], params: list[SamplingParams]) -> list[Request]:
+    def add_requests(
+        self, prompts: list[str | list[int]], params: list[SamplingParams], request_ids: list[str | None] | None = None
+    ) -> list[Request]:
         """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
-        requests = [self._new_request(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+        ids = request_ids or [None] * len(prompts)
+        requests = [self._new_request(*args) for args in zip(prompts, params, ids, strict=True)]
         for request in requests:
+            self.requests[request.request_id] = request
             self.scheduler.add(request)
         return requests
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams) -> Request:
-        return self.add_requests([prompt], [params])[0]
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue one request; returns its id (``request_id`` if given: it must not be in use)."""
+        return self.add_requests([prompt], [params], [request_id])[0].request_id
 
-    def abort(self, requests: list[Request]) -> None:
-        """Drop unfinished requests (a stream closed early) and free their cache slots."""
-        for request in requests:
-            if not request.finished:
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Drop unfinished requests (a stream closed early, a client gone) and free their cache slots."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            request = self.requests.pop(request_id, None)
+            if request is not None and not request.finished:
                 self.scheduler.abort(request)
 
-    def _new_request(self, prompt: str | list[int], params: SamplingParams) -> Request:
+    def _new_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None) -> Request:
         """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
         if isinstance(prompt, str):
             if not prompt:
@@ -72,7 +88,22 @@ class Engine:
             )
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        return Request(str(next(self._ids)), text, token_ids, params)
+        if request_id is None:
+            request_id = str(next(self._ids))
+        elif request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return Request(request_id, text, token_ids, params)
+
+    def stats(self) -> EngineStats:
+        """What a metrics endpoint reports: queue lengths and KV cache use, right now."""
+        scheduler = self.scheduler
+        total = self.config.max_num_seqs
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_blocks_used=total - len(scheduler.free_slots),
+            kv_blocks_total=total,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -90,5 +121,6 @@ class Engine:
             request.append_token(token, text, self.tokenizer.eos_token_id, self.max_model_len)
             if request.finished:
                 self.scheduler.finish(request)
+                del self.requests[request.request_id]
             outputs.append(request.output())
         return outputs
