@@ -285,7 +285,8 @@ def paged_attention(
 
     ``max_query_len`` and ``max_seq_len`` (host ints, at least the batch's longest) size the grids; when
     ``max_query_len == 1`` the decode kernel runs, with ``num_splits`` programs per context (default:
-    ``decode_num_splits``). Returns ``[T, Hq, D]`` in q's dtype.
+    ``decode_num_splits``). Every row of q belongs to a sequence (``query_start_loc[B] == T``); on a GPU the
+    lengths are trusted, not checked. Returns ``[T, Hq, D]`` in q's dtype.
     """
     check_paged_attention_inputs(
         q, k_cache, v_cache, block_table, query_start_loc, seq_lens, max_query_len, max_seq_len
@@ -308,9 +309,11 @@ def paged_attention(
         block_n = 64 if on_gpu else 32
         # Split lengths are whole tiles, so only a split's last tile can be partial.
         split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), splits), block_n) * block_n
-        partial = torch.empty(q.shape[0], q_heads, splits, head_dim, device=q.device, dtype=torch.float32)
-        lse = torch.empty(q.shape[0], q_heads, splits, device=q.device, dtype=torch.float32)
-        target = partial if splits > 1 else out.unsqueeze(2)
+        if splits > 1:
+            target = torch.empty(q.shape[0], q_heads, splits, head_dim, device=q.device, dtype=torch.float32)
+            lse = torch.empty(q.shape[0], q_heads, splits, device=q.device, dtype=torch.float32)
+        else:  # one split writes the output itself, and no log-sum-exp
+            target, lse = out.unsqueeze(2), out
         _paged_decode[(batch, kv_heads, splits)](
             q, k_cache, v_cache, target, lse,
             block_table, query_start_loc, seq_lens,
@@ -323,7 +326,7 @@ def paged_attention(
         )  # fmt: skip
         if splits > 1:
             _merge_splits[(q.shape[0], q_heads)](
-                partial, lse, out, *partial.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+                target, lse, out, *target.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
                 splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits), num_warps=1 if head_dim <= 64 else 2,
             )  # fmt: skip
         return out.to(in_dtype)
