@@ -207,7 +207,7 @@ def test_clear_errors(pa, change, match):
     "dtype, block_size, slot_dtype",
     [(torch.float32, 16, torch.int64), (torch.bfloat16, 32, torch.int32), (torch.float16, 16, torch.int32)],
 )
-def test_store_kv_writes_exactly_its_slots(skv, impl, dtype, block_size, slot_dtype):
+def test_store_kv_writes_exactly_its_slots(skv, load, impl, dtype, block_size, slot_dtype):
     num_blocks, kv_heads, head_dim, tokens = 5, 3, 64, 11
     caches = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype)
     slots = torch.randperm(num_blocks * block_size)[:tokens].to(slot_dtype)
@@ -215,7 +215,8 @@ def test_store_kv_writes_exactly_its_slots(skv, impl, dtype, block_size, slot_dt
     k, v = torch.randn(2, tokens, kv_heads, head_dim, dtype=dtype)
     k_ref, v_ref = reference_store_kv(k, v, *caches, slots)
     k_cache, v_cache, k, v, slots = (t.to(DEVICE) for t in (*caches, k, v, slots))
-    getattr(skv, impl)(k, v, k_cache, v_cache, slots)
+    store = skv.store_kv if impl == "store_kv" else load("kernels.paged_torch").store_kv_torch
+    store(k, v, k_cache, v_cache, slots)
     for name, got, want in (("k_cache", k_cache, k_ref), ("v_cache", v_cache, v_ref)):
         written = torch.isfinite(got).flatten(2).all(-1)
         assert written.sum() == tokens - 2, (
@@ -250,3 +251,19 @@ def test_gpu_benchmark_code_runs_through_the_interpreter(load):
     )
     assert figures["bytes"] == (2 * 2 * 21 * 64 + 2 * 2 * 3 * 64) * 2 and figures["gbps"] > 0
     assert figures["rel_err"] < TOLERANCE[torch.bfloat16], "the benchmarked kernel disagrees with the reference"
+
+
+@pytest.mark.parametrize(
+    "seq_lens, q_lens",
+    [([37, 5, 16, 1], [1, 1, 1, 1]), ([1, 33, 70, 17], [1, 1, 70, 4]), ([100, 48], [7, 48])],
+    ids=["decodes", "decodes-then-prefills", "cached-prefix-chunk"],
+)
+def test_torch_path_matches_reference(load, seq_lens, q_lens):
+    """The CPU path gathers each context through its block table; rows it must not read hold huge finite values
+    (the engine's cache is zero-initialised, so it never holds NaN), which would swamp the output if read."""
+    torch_path = load("kernels.paged_torch")
+    batch = paged_batch(seq_lens, q_lens, device="cpu")
+    for cache in (batch.k_cache, batch.v_cache):
+        cache.nan_to_num_(1e4)
+    out = torch_path.paged_attention_torch(*batch.args(), **batch.lengths())
+    check_against_reference(out, batch, torch.float32)

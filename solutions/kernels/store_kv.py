@@ -6,8 +6,8 @@ i.e. block ``slot // block_size``, offset ``slot % block_size``; the runner comp
 ``slot = block_table[p // block_size] * block_size + p % block_size`` for the token at position ``p``.
 A negative slot means "no cache row" (a padding token) and is skipped.
 
-``store_kv`` is the Triton kernel (one program per token, all heads at once); ``store_kv_torch`` is the
-CPU path, one ``index_copy_`` per tensor. Both cast to the cache's dtype and write in place.
+``store_kv`` is the Triton kernel (one program per token, all heads at once); ``paged_torch.store_kv_torch``
+is the CPU path, one ``index_copy_`` per tensor. Both cast to the cache's dtype and write in place.
 """
 
 from __future__ import annotations
@@ -16,38 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def check_store_kv_inputs(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Raise a ValueError naming the problem if the arguments cannot form a ``store_kv`` call.
-
-    Slot values are checked only for CPU tensors: on a GPU that would synchronise the device every layer.
-    """
-    if k.dim() != 3 or k.shape != v.shape:
-        raise ValueError(f"k and v must both be [T, Hkv, D]; got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"k_cache and v_cache must both be [num_blocks, block_size, Hkv, D]; "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k.shape[1:] != k_cache.shape[2:]:
-        raise ValueError(
-            f"k [T, Hkv, D] {tuple(k.shape)} does not match the cache's [Hkv, D] {tuple(k_cache.shape[2:])}"
-        )
-    if k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache and v_cache must share a dtype; got {k_cache.dtype} and {v_cache.dtype}")
-    if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"slot_mapping must be an int32/int64 vector of one slot per token ({k.shape[0]}); "
-            f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
-        )
-    if len({t.device for t in (k, v, k_cache, v_cache, slot_mapping)}) != 1:
-        raise ValueError("k, v, k_cache, v_cache and slot_mapping must be on one device")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        rows = k_cache.shape[0] * k_cache.shape[1]
-        if int(slot_mapping.max()) >= rows:
-            raise ValueError(f"slot {int(slot_mapping.max())} is past the cache's last row ({rows - 1})")
+from .paged_torch import check_store_kv_inputs
 
 
 @triton.jit
@@ -104,15 +73,3 @@ def store_kv(
         BLOCK_SIZE=k_cache.shape[1], BLOCK_H=triton.next_power_of_2(kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim), num_warps=1 if kv_heads * head_dim <= 512 else 4,
     )  # fmt: skip
-
-
-def store_kv_torch(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """The CPU path of ``store_kv``: ``index_copy_`` into the caches viewed as ``[num_slots, Hkv, D]``."""
-    check_store_kv_inputs(k, v, k_cache, v_cache, slot_mapping)
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    for cache, new in ((k_cache, k), (v_cache, v)):
-        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping.long(), new.to(cache.dtype))
