@@ -4,7 +4,8 @@ Triton interpreter on CPU.
 Every batch is laid out the way the engine lays it out: blocks handed out in shuffled order (block 0 is the
 null block), block tables padded with 0, the last block of a sequence partly full. Every cache row that holds
 no live token is NaN, so a kernel that reads a row it must not read (past a sequence's end, or through a
-padding entry of its block table) puts NaN into the output.
+padding entry of its block table) puts NaN into the output. (The torch path, which gathers whole blocks and
+masks, is tested with large finite values there instead.)
 """
 
 from __future__ import annotations
