@@ -4,7 +4,8 @@ Triton interpreter on CPU.
 Every batch is laid out the way the engine lays it out: blocks handed out in shuffled order (block 0 is the
 null block), block tables padded with 0, the last block of a sequence partly full. Every cache row that holds
 no live token is NaN, so a kernel that reads a row it must not read (past a sequence's end, or through a
-padding entry of its block table) puts NaN into the output.
+padding entry of its block table) puts NaN into the output. (The torch path, which gathers whole blocks and
+masks, is tested with large finite values there instead.)
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ def paged_batch(
     head_dim: int = 64,
     dtype: torch.dtype = torch.float32,
     device: str = DEVICE,
+    stale: float = float("nan"),
 ) -> PagedBatch:
-    """Random queries and caches for sequences of ``seq_lens`` tokens whose last ``q_lens`` are queries."""
+    """Random queries and caches for sequences of ``seq_lens`` tokens whose last ``q_lens`` are queries; cache
+    rows that hold no token are ``stale``."""
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3  # the null block 0 and two never handed out
     physical = (torch.randperm(num_blocks - 1) + 1).tolist()
     block_table = torch.zeros(len(seq_lens), max(blocks_per_seq) + 1, dtype=torch.int32)
-    k_cache, v_cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype)
+    k_cache, v_cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), stale, dtype=dtype)
     for b, (n, n_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
         block_table[b, :n_blocks] = torch.tensor(physical[:n_blocks], dtype=torch.int32)
         physical = physical[n_blocks:]
@@ -152,6 +155,21 @@ def test_prefill_head_dim_128_and_scale(pa):
     assert error < TOLERANCE[torch.float32], (
         f"relative error {error:.2e} with sm_scale=0.3: is sm_scale used in place of D ** -0.5?"
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "seq_lens, q_lens",
+    [([37, 1, 70, 16], [1, 1, 1, 1]), ([29, 19, 45, 67, 1], [1, 19, 7, 3, 1]), ([12, 50, 33], [1, 1, 33])],
+)
+def test_torch_path_matches_reference(load, seq_lens, q_lens, dtype):
+    """The CPU path (``kernels.attention.paged_attention_torch``) on the same layouts: decodes only, a mixed step
+    with a decode after the prefills, decodes first then a whole prompt. Stale rows are large finite garbage: it
+    gathers whole blocks and relies on the mask (a NaN there would reach the output through 0 * NaN)."""
+    attention = load("kernels.attention")
+    batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, dtype=dtype, stale=1e4)
+    out = attention.paged_attention_torch(*batch.args(), **batch.lengths())
+    check_against_reference(out, batch, dtype)
 
 
 def test_decode_and_prefill_kernels_agree_on_decodes(pa):
