@@ -118,7 +118,7 @@ class Engine:
         outputs = []
         for request, token in zip(batch.requests, tokens):
             text = self.tokenizer.decode(request.output_token_ids + [token])
-            request.append_token(token, text, self.tokenizer.eos_token_id, self.max_model_len)
+            request.append_token(token, text, self.tokenizer.eos_token_ids, self.max_model_len)
             if request.finished:
                 self.scheduler.finish(request)
                 del self.requests[request.request_id]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Collection
 
 import torch
 
@@ -50,16 +51,20 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append_token(self, token_id: int, text: str, eos_token_id: int | None, max_model_len: int) -> None:
-        """Record a sampled token and its newly decoded full text, then apply the stop rules."""
+    def append_token(self, token_id: int, text: str, eos_token_ids: Collection[int], max_model_len: int) -> None:
+        """Record a sampled token and its newly decoded full text, then apply the stop rules.
+
+        A stop token (any of the model's ``eos_token_ids`` unless ``ignore_eos``, or of the request's
+        ``stop_token_ids``) stays in ``output_token_ids`` but its text is left out.
+        """
         now = time.perf_counter()
         if not self.output_token_ids:
             self.metrics.first_token_time = now
         self.output_token_ids.append(token_id)
         self.metrics.num_output_tokens = len(self.output_token_ids)
         params = self.params
-        if token_id == eos_token_id and not params.ignore_eos:
-            self.finish_reason = "stop"  # EOS is a special token: the decoded text already leaves it out
+        if (token_id in eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+            text, self.finish_reason = self.text, "stop"
         for stop in params.stop:
             # Only the newest characters can complete a stop string.
             found = text.find(stop, max(0, len(self.text) - len(stop)))

@@ -10,8 +10,9 @@ class SamplingParams:
     """``temperature == 0`` means greedy decoding (top_p / top_k are then ignored).
 
     ``top_k == 0`` or ``-1`` disables top-k; ``top_p == 1`` disables nucleus sampling. ``stop`` strings
-    end generation and are left out of the returned text. ``seed`` makes sampling reproducible per
-    request, whatever else shares the batch.
+    end generation and are left out of the returned text. ``stop_token_ids`` end generation on any of
+    those ids, like the model's own EOS ids, whose stop ``ignore_eos`` turns off (not these). ``seed``
+    makes sampling reproducible per request, whatever else shares the batch.
     """
 
     temperature: float = 1.0
@@ -21,6 +22,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -36,6 +38,9 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
 

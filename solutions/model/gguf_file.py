@@ -1,4 +1,4 @@
-"""Reading a llama.cpp GGUF file: metadata, and tensors dequantized to float32.
+"""Reading a llama.cpp GGUF file: metadata, and tensors dequantized to float32 one at a time.
 
 GGUF stores each quantized row as a run of fixed-size blocks of 32 weights:
 
@@ -7,11 +7,16 @@ GGUF stores each quantized row as a run of fixed-size blocks of 32 weights:
     Q4_0  (18 bytes)  | d: f16 | 16 bytes, two nibbles each |          w = d * (q - 8)
 
 In a 4-bit block, byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
-Dequantization here is a handful of whole-tensor torch ops, never a Python loop over blocks.
+Dequantization here is a handful of whole-tensor torch ops, never a Python loop over blocks. Each
+tensor's bytes are read from the file only when that tensor is asked for (``os.pread``, not the
+reader's memory map), so a loader that converts tensors one by one holds one of them at a time.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +41,9 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Dequantize one GGUF tensor's raw data to a float32 tensor of ``shape`` (torch order)."""
+    """Dequantize one GGUF tensor's raw data (its bytes, or an array viewing them) to float32 ``shape`` (torch order)."""
     if type_name == "F32":
-        return torch.from_numpy(np.array(raw, dtype=np.float32)).reshape(shape)
+        return torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).view(np.float32).copy()).reshape(shape)
     if type_name in ("F16", "BF16"):
         dtype = torch.float16 if type_name == "F16" else torch.bfloat16
         data = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).copy())
@@ -87,8 +92,11 @@ _GLOBAL_NAMES = {
 }
 
 
+ROPE_FREQS = "rope_freqs.weight"  # Llama-3's per-frequency RoPE divisors: configuration, not a weight
+
+
 def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face Llama parameter name for a GGUF tensor name (None: not a weight we use)."""
+    """The Hugging Face Llama parameter name for a GGUF tensor name (None: not a Llama weight)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
@@ -97,25 +105,87 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Metadata and a float32 state dict in Hugging Face Llama naming and layout."""
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """Where one tensor's raw bytes sit in the file, and how to read them."""
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # torch order (GGUF lists dimensions innermost first)
+    offset: int
+    n_bytes: int
+
+
+@dataclass
+class GGUFCheckpoint:
+    """An opened GGUF file: its metadata, every tensor's location, and readers in Hugging Face naming.
+
+    ``readers[hf_name]()`` reads and dequantizes that one tensor (float32, HF layout) each time it
+    is called; nothing is kept. ``rope_freq_factors`` holds ``rope_freqs.weight`` when the file has it.
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, GGUFTensorInfo]  # by GGUF name
+    readers: dict[str, Callable[[], torch.Tensor]]
+    rope_freq_factors: tuple[float, ...] | None
+
+
+def read_tensor(path: Path, info: GGUFTensorInfo) -> torch.Tensor:
+    """One tensor dequantized to float32, read with a positioned read (no memory map is touched)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, info.n_bytes, info.offset)
+    finally:
+        os.close(fd)
+    if len(raw) != info.n_bytes:
+        raise ValueError(f"{path} is truncated: tensor {info.name} needs {info.n_bytes} bytes, got {len(raw)}")
+    return dequantize(np.frombuffer(raw, dtype=np.uint8), info.type_name, info.shape)
+
+
+def open_gguf(path: str | Path) -> GGUFCheckpoint:
+    """Read metadata and tensor locations; raise naming any tensor this Llama loader does not understand."""
     import gguf
 
+    path = Path(path)
     reader = gguf.GGUFReader(str(path))
     meta = read_metadata(reader)
+    tensors = {
+        t.name: GGUFTensorInfo(
+            t.name,
+            t.tensor_type.name,
+            tuple(int(n) for n in reversed(t.shape.tolist())),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    }
+    del reader  # closes its memory map
+    unknown = [name for name in tensors if name != ROPE_FREQS and hf_name(name) is None]
+    if unknown:
+        raise ValueError(
+            f"{path.name} has tensors this Llama loader does not understand: {', '.join(unknown[:8])}"
+            f"{' ...' if len(unknown) > 8 else ''} (architecture {meta.get('general.architecture')!r})"
+        )
     arch = meta.get("general.architecture")
     heads = int(meta[f"{arch}.attention.head_count"])
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-    state: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        name = hf_name(tensor.name)
-        if name is None:
-            continue
-        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        weight = dequantize(tensor.data, tensor.tensor_type.name, shape)
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_rotary_rows(weight, heads)
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_rotary_rows(weight, kv_heads)
-        state[name] = weight
-    return meta, state
+    readers = {
+        hf_name(name): _reader(path, info, heads, kv_heads) for name, info in tensors.items() if name != ROPE_FREQS
+    }
+    factors = None
+    if ROPE_FREQS in tensors:
+        factors = tuple(float(f) for f in read_tensor(path, tensors[ROPE_FREQS]).tolist())
+    return GGUFCheckpoint(path, meta, tensors, readers, factors)
+
+
+def _reader(path: Path, info: GGUFTensorInfo, heads: int, kv_heads: int) -> Callable[[], torch.Tensor]:
+    """A function that reads ``info``'s tensor in HF layout (Q/K rows back in rotate-half order)."""
+    kind = info.name.split(".")[2] if info.name.startswith("blk.") else None
+    rotary_heads = {"attn_q": heads, "attn_k": kv_heads}.get(kind)
+
+    def read() -> torch.Tensor:
+        weight = read_tensor(path, info)
+        return weight if rotary_heads is None else unpermute_rotary_rows(weight, rotary_heads)
+
+    return read
