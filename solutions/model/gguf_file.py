@@ -36,30 +36,44 @@ def _f16(column: torch.Tensor) -> torch.Tensor:
     return column.contiguous().view(torch.float16).float()
 
 
-def _nibbles(packed: torch.Tensor) -> torch.Tensor:
-    return torch.cat([packed & 0x0F, packed >> 4], dim=1).float()
+def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over ``raw``'s bytes, without copying them when it can."""
+    if isinstance(raw, torch.Tensor):
+        return raw.contiguous().view(torch.uint8).reshape(-1)
+    array = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Dequantize one GGUF tensor's raw data (its bytes, or an array viewing them) to float32 ``shape`` (torch order)."""
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``[blocks, 16]`` bytes -> ``[blocks, 32]`` float codes: low nibbles are weights 0..15, high ones 16..31."""
+    codes = torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=torch.float32)
+    codes[:, : packed.shape[1]] = packed & 0x0F
+    codes[:, packed.shape[1] :] = packed >> 4
+    return codes
+
+
+def dequantize(raw: np.ndarray | torch.Tensor, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Dequantize one GGUF tensor's raw bytes (or an array viewing them) to float32 ``shape`` (torch order).
+
+    Works in place where it can, so the float32 result is the only tensor of its size it allocates.
+    """
+    data = _as_bytes(raw)
     if type_name == "F32":
-        return torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).view(np.float32).copy()).reshape(shape)
+        return data.view(torch.float32).reshape(shape)
     if type_name in ("F16", "BF16"):
-        dtype = torch.float16 if type_name == "F16" else torch.bfloat16
-        data = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).copy())
-        return data.view(dtype).float().reshape(shape)
+        return data.view(torch.float16 if type_name == "F16" else torch.bfloat16).float().reshape(shape)
     if type_name not in _BLOCK_BYTES:
         raise ValueError(
             f"GGUF tensor type {type_name} is not supported; supported: F32, F16, BF16, {', '.join(_BLOCK_BYTES)}"
         )
-    blocks = torch.from_numpy(np.array(raw, copy=True)).reshape(-1, _BLOCK_BYTES[type_name])
+    blocks = data.reshape(-1, _BLOCK_BYTES[type_name])
     d = _f16(blocks[:, 0:2])
     if type_name == "Q8_0":
-        weights = blocks[:, 2:].contiguous().view(torch.int8).float() * d
+        weights = blocks.view(torch.int8)[:, 2:].float().mul_(d)
     elif type_name == "Q4_1":
-        weights = _nibbles(blocks[:, 4:]) * d + _f16(blocks[:, 2:4])
+        weights = _unpack_nibbles(blocks[:, 4:]).mul_(d).add_(_f16(blocks[:, 2:4]))
     else:
-        weights = (_nibbles(blocks[:, 2:]) - 8.0) * d
+        weights = _unpack_nibbles(blocks[:, 2:]).sub_(8.0).mul_(d)
     return weights.reshape(shape)
 
 
@@ -130,17 +144,23 @@ class GGUFCheckpoint:
     readers: dict[str, Callable[[], torch.Tensor]]
     rope_freq_factors: tuple[float, ...] | None
 
+    @property
+    def quantized(self) -> bool:
+        """Whether any tensor is block-quantized (dequantizing it costs more than a cast)."""
+        return any(info.type_name in _BLOCK_BYTES for info in self.tensors.values())
+
 
 def read_tensor(path: Path, info: GGUFTensorInfo) -> torch.Tensor:
     """One tensor dequantized to float32, read with a positioned read (no memory map is touched)."""
+    raw = bytearray(info.n_bytes)
     fd = os.open(path, os.O_RDONLY)
     try:
-        raw = os.pread(fd, info.n_bytes, info.offset)
+        got = os.preadv(fd, [raw], info.offset)
     finally:
         os.close(fd)
-    if len(raw) != info.n_bytes:
-        raise ValueError(f"{path} is truncated: tensor {info.name} needs {info.n_bytes} bytes, got {len(raw)}")
-    return dequantize(np.frombuffer(raw, dtype=np.uint8), info.type_name, info.shape)
+    if got != info.n_bytes:
+        raise ValueError(f"{path} is truncated: tensor {info.name} needs {info.n_bytes} bytes, got {got}")
+    return dequantize(torch.frombuffer(raw, dtype=torch.uint8), info.type_name, info.shape)
 
 
 def open_gguf(path: str | Path) -> GGUFCheckpoint:

@@ -5,9 +5,10 @@ tensor from disk each time it is indexed and keeps nothing, so a consumer that c
 at a time into their final dtype and device (``LlamaModel.from_state_dict``) never holds more than
 the final weights plus one source tensor.
 
-GGUF dequantization takes seconds, so the float32 result is cached as safetensors (with the config
-and tokenizer beside it) under ``$FASTMODE_CACHE`` (default ``~/.cache/fastmode``), written one
-tensor at a time; a second load reads that file instead.
+Dequantizing a block-quantized GGUF takes seconds, so its float32 result is cached as safetensors
+(with the config and tokenizer beside it) under ``$FASTMODE_CACHE`` (default ``~/.cache/fastmode``),
+written one tensor at a time; a second load reads that file instead. F32/F16/BF16 files are read
+directly (a cast is cheap, and a float32 copy of an F16 file would double its size on disk).
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     config = ModelConfig.from_gguf_metadata(checkpoint.metadata, checkpoint.tensors, checkpoint.rope_freq_factors)
     tokenizer = TextTokenizer.from_gguf_metadata(checkpoint.metadata)
     state = LazyStateDict(checkpoint.readers)
-    if not use_cache:
+    if not use_cache or not checkpoint.quantized:  # F32/F16/BF16 files are read directly: a cast is cheap
         return LoadedWeights(config, state, tokenizer, path)
     weights_file.parent.mkdir(parents=True, exist_ok=True)
     partial = weights_file.with_suffix(".partial")
