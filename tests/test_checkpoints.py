@@ -375,6 +375,8 @@ def test_unsupported_architectures_and_rope_types_are_named(tmp_path):
     base = hf_model(tie=False).config.to_dict()
     with pytest.raises(ValueError, match="model_type 'gemma' is not supported; supported: llama, mistral"):
         ModelConfig.from_hf_config({**base, "model_type": "gemma"})
+    with pytest.raises(ValueError, match=r"sliding-window attention \(sliding_window=64\) is not supported"):
+        ModelConfig.from_hf_config({**base, "model_type": "mistral", "sliding_window": 64})
     yarn = {**base, "rope_parameters": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     with pytest.raises(
         ValueError, match="RoPE type 'yarn' is not supported; supported: default, linear, dynamic, llama3"

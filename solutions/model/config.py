@@ -137,6 +137,11 @@ class ModelConfig:
             raise ValueError(
                 f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_HF_MODEL_TYPES)}"
             )
+        window, max_positions = cfg.get("sliding_window"), int(cfg.get("max_position_embeddings", 2048))
+        if window is not None and int(window) < max_positions:
+            raise ValueError(
+                f"sliding-window attention (sliding_window={window}) is not supported; only full causal attention"
+            )
         heads = int(cfg["num_attention_heads"])
         theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         eos_ids = _hf_eos_token_ids(cfg, generation_config or {})
@@ -150,7 +155,7 @@ class ModelConfig:
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             rope_theta=float(theta),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids[0] if eos_ids else None,
