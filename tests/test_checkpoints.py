@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from solutions.engine.request import Request
 from solutions.engine.sampling_params import SamplingParams
 from solutions.llm import LLM
 from solutions.model import gguf_file, loader
@@ -336,17 +335,25 @@ def test_generation_stops_on_any_eos_id_and_on_stop_token_ids(tmp_path):
     assert run(ignore_eos=True, stop_token_ids=[stop_token]) == (greedy[: greedy.index(stop_token) + 1], "stop")
 
 
-def test_stop_token_text_is_left_out_and_params_are_validated():
-    request = Request("r", None, [5, 6], SamplingParams(max_tokens=8, stop_token_ids=[42]))
-    request.append_token(7, "ab", eos_token_ids=(2,), max_model_len=100)
-    request.append_token(42, "ab<42>", eos_token_ids=(2,), max_model_len=100)
-    assert (request.finish_reason, request.text, request.output_token_ids) == ("stop", "ab", [7, 42])
-    eos_request = Request("e", None, [5], SamplingParams(max_tokens=8))
-    eos_request.append_token(9, "x", eos_token_ids=(2, 9), max_model_len=100)
-    assert eos_request.finish_reason == "stop"
+def test_stop_token_ids_end_generation_and_leave_their_text_out(llm):
+    prompt = "Count: 1, 2, 3,"
+    free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    stop_id = free.token_ids[4]
+    first = free.token_ids.index(stop_id)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])
+    out = llm.generate(prompt, params)[0].outputs[0]
+    assert out.token_ids == free.token_ids[: first + 1], "generation ends on the stop token, which is kept as an id"
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+    assert out.text == llm.tokenizer.decode(free.token_ids[:first]), "the stop token's text is left out"
     for bad in ([-1], ["3"], [True], [1.5]):
         with pytest.raises(ValueError, match="stop_token_ids"):
             SamplingParams(stop_token_ids=bad)
+
+
+def test_every_eos_id_of_the_model_ends_generation(llm):
+    assert llm.engine.eos_token_ids == frozenset(llm.tokenizer.eos_token_ids)
+    chat = llm.chat([{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=200))
+    assert chat[0].outputs[0].stop_reason in llm.tokenizer.eos_token_ids
 
 
 # ---------------------------------------------------------------- what is refused, by name
