@@ -165,3 +165,14 @@ def test_snapshots_do_not_share_mutable_state(llm, sp):
     assert snapshots[0].metrics.num_output_tokens == 1 and snapshots[-1].metrics.num_output_tokens == 5
     m = snapshots[-1].metrics
     assert m.queue_time >= 0 and m.ttft > 0 and len(m.itl) == 4 and m.tpot > 0
+
+
+def test_triton_backend_gives_the_same_tokens(load, sp, llm):
+    """The Lesson 2 kernels (store_kv, the varlen paged prefill, the paged decode; through the interpreter on CPU)
+    drive the engine to the same greedy tokens as the torch path."""
+    triton_llm = make_llm(load, max_model_len=256, attention_backend="triton")
+    prompts = ["The capital of France is", "The capital of France is a city"]
+    params = sp(temperature=0, max_tokens=4, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in triton_llm.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in llm.generate(prompts, params)
+    ]

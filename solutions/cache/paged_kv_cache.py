@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.attention import paged_attention_torch
 from ..kernels.attention_backend import resolve_backend
+from ..kernels.paged_torch import paged_attention_torch, store_kv_torch
 
 
 class PagedKVCache:
@@ -85,7 +85,7 @@ class PagedAttention:
 
             self._attention, self._store = paged_attention, store_kv
         else:
-            self._attention, self._store = paged_attention_torch, _store_kv_torch
+            self._attention, self._store = paged_attention_torch, store_kv_torch
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, k_cache, v_cache = self.meta, self.cache.k[layer], self.cache.v[layer]
@@ -101,10 +101,3 @@ class PagedAttention:
             max_seq_len=meta.max_seq_len,
         )
 
-
-def _store_kv_torch(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write ``k``, ``v`` ``[T, Hkv, D]`` at rows ``slot_mapping`` ``[T]`` of the flattened caches."""
-    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)

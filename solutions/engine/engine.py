@@ -100,16 +100,27 @@ class Engine:
 
     # -- submitting work ---------------------------------------------------------------------------------
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        """Queue one request; returns its id (``request_id`` if given: it must not be in use)."""
-        return self.add_requests([prompt], [params], [request_id])[0]
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue one request; returns its id (``request_id`` if given: it must not be in use). ``arrival_time``
+        (``time.perf_counter()`` seconds, default now) is when the request reached the system, for its metrics."""
+        return self.add_requests([prompt], [params], [request_id], arrival_time)[0]
 
     def add_requests(
-        self, prompts: list[str | list[int]], params: list[SamplingParams], request_ids: list[str | None] | None = None
+        self,
+        prompts: list[str | list[int]],
+        params: list[SamplingParams],
+        request_ids: list[str | None] | None = None,
+        arrival_time: float | None = None,
     ) -> list[str]:
         """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
         ids = request_ids or [None] * len(prompts)
-        now = time.perf_counter()
+        now = time.perf_counter() if arrival_time is None else arrival_time
         groups = [self._new_group(*args, now) for args in zip(prompts, params, ids, strict=True)]
         if len({g.request_id for g in groups}) != len(groups):
             raise ValueError("request ids must be unique")
