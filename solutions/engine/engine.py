@@ -56,7 +56,7 @@ class Engine:
 
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
-        self.eos_token_ids = frozenset({self.tokenizer.eos_token_id} - {None})
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         cache = self._allocate_kv_cache()
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, cache, config.attention_backend)

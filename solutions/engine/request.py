@@ -64,10 +64,9 @@ class Request:
         params = self.params
         for token_id in token_ids:
             self.output_token_ids.append(token_id)
-            stop_string = self.detokenizer.add(token_id)
-            if token_id in stop_ids:
+            if token_id in stop_ids:  # a stop token's text is left out, as EOS (a special token) is
                 self.finish_reason, self.stop_reason = "stop", token_id
-            elif stop_string is not None:
+            elif (stop_string := self.detokenizer.add(token_id)) is not None:
                 self.finish_reason, self.stop_reason = "stop", stop_string
             elif len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
                 self.finish_reason = "length"
