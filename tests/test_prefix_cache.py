@@ -188,3 +188,15 @@ def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manag
         "only block 0 still holds the original tokens: after truncate, keys of blocks past num_tokens // block_size "
         "must be forgotten, or rewritten blocks are registered under stale keys"
     )
+
+
+def test_free_registers_the_full_blocks_computed_so_far(manager_class):
+    manager = manager_class(num_blocks=16, block_size=BS)
+    a = FakeRequest("a", list(range(10)))
+    manager.get_computed_tokens(a)
+    manager.allocate_slots(a, 10)
+    a.num_computed = 10
+    manager.free(a)  # finished in the step that computed its prompt: cache_full_blocks never ran
+    assert run(manager, FakeRequest("b", list(range(10)) + [5])) == 8, (
+        "free must register the request's full computed blocks first, or a one-step request leaves nothing cached"
+    )

@@ -194,12 +194,15 @@ class KVCacheManager:
     def free(self, request) -> None:
         """Give back every block of ``request``; raises ValueError if it holds none (a double free).
 
-        Blocks go back last first, so a cached prompt's tail is evicted before its head (the head is
-        what other requests are most likely to share).
+        Its full computed blocks are registered first (``cache_full_blocks``), so a request that
+        finishes in the step that computed its prompt, or is preempted, still leaves its prefix
+        cached. Blocks go back last first, so a cached prompt's tail is evicted before its head (the
+        head is what other requests are most likely to share).
         """
-        table = self._tables.pop(request.request_id, None)
-        if table is None:
+        if request.request_id not in self._tables:
             raise ValueError(f"request {request.request_id!r} holds no blocks: freed twice, or never allocated")
+        self.cache_full_blocks(request)
+        table = self._tables.pop(request.request_id)
         del self._keys[request.request_id]
         for block in reversed(table):
             self._release(block)
