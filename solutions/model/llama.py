@@ -243,12 +243,6 @@ def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
     return sources
 
 
-def fuse_projections(state_dict: Mapping[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face Llama names -> this model's names, q/k/v and gate/up concatenated by rows (in memory at once)."""
-    _check_names(state_dict, fused_weight_sources(config), config)
-    return {name: torch.cat([state_dict[n] for n in names]) for name, names in fused_weight_sources(config).items()}
-
-
 def _check_names(state_dict: Mapping[str, torch.Tensor], sources: dict[str, list[str]], config: ModelConfig) -> None:
     """Every source present; nothing else but what is knowingly unused (a tied checkpoint's copy of the
     head, old checkpoints' rotary buffers, which are recomputed from the config)."""
