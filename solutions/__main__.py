@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import sys
-import typing
+
+from .engine_options import add_engine_args, engine_options
 
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
@@ -14,44 +14,6 @@ BENCHES = {
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
     "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",
 }
-
-
-ENGINE_OPTION_HELP = {
-    "model": "a .gguf file or a Hugging Face checkpoint folder (default: the bundled SmolLM2-135M-Instruct)",
-    "device": "auto (CUDA if present, else CPU), cpu or cuda[:N]",
-    "dtype": "auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16",
-    "max_num_seqs": "most requests decoded together in one batch",
-    "max_model_len": "context limit: prompt + output tokens per request",
-    "attention_backend": "auto, torch or triton",
-    "num_threads": "CPU threads for torch (default: torch's choice)",
-    "quantization": "rtn or awq: pack the weights to --w-bit integers (Lesson 6)",
-}
-
-
-def _engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``EngineConfig`` field (``max_num_seqs`` -> ``--max-num-seqs``), typed from its annotation."""
-    from .config import EngineConfig
-
-    group = parser.add_argument_group("engine options (EngineConfig fields)")
-    hints = typing.get_type_hints(EngineConfig)
-    for field in dataclasses.fields(EngineConfig):
-        kind = hints[field.name]
-        kinds = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
-        default = field.default if field.default is not dataclasses.MISSING else None
-        help_text = ENGINE_OPTION_HELP.get(field.name, field.name.replace("_", " "))
-        if default is not None and "default" not in help_text:
-            help_text += f" (default: {default})"
-        flag = "--" + field.name.replace("_", "-")
-        if kinds[0] is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            group.add_argument(flag, type=kinds[0], default=default, help=help_text)
-
-
-def _engine_options(args) -> dict:
-    from .config import EngineConfig
-
-    return {field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)}
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +44,7 @@ def _sampling(args):
 def _llm(args):
     from .llm import LLM
 
-    return LLM(**_engine_options(args))
+    return LLM(**engine_options(args))
 
 
 def generate(args) -> int:
@@ -123,7 +85,7 @@ def serve(args) -> int:
     from .serve.openai_server import run_server
 
     run_server(
-        _engine_options(args),
+        engine_options(args),
         host=args.host,
         port=args.port,
         api_key=args.api_key,
@@ -168,18 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("generate", help="complete one prompt, streaming, then print the metrics")
     gen.add_argument("prompt", help="the text to continue (plain text, no chat template)")
     _sampling_args(gen)
-    _engine_args(gen)
+    add_engine_args(gen)
     talk = commands.add_parser("chat", help="an interactive chat that keeps the conversation (the chat template)")
     talk.add_argument("--system", default=None, help="a system message that opens the conversation")
     _sampling_args(talk)
-    _engine_args(talk)
+    add_engine_args(talk)
     srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     srv.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file stem)")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    _engine_args(srv)
+    add_engine_args(srv)
     ppl = commands.add_parser("perplexity", help="perplexity of the bundled model on a text file, optionally quantized")
     ppl.add_argument("--file", required=True, help="a UTF-8 text file, e.g. data/text/kjv_luke_1-12.txt")
     ppl.add_argument("--quantization", choices=["rtn", "awq"], default=None)
