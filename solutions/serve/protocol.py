@@ -76,7 +76,6 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: one prompt (text or token ids) or a list of them."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -132,12 +131,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
 
 
 class ModelCard(BaseModel):
