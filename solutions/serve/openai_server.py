@@ -132,27 +132,52 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
     except BaseException:
         close_all()
         raise
-    events = _merge(streams)
+    updates = _choice_updates(_merge(streams), n)
+    num_choices = len(prompts) * n
     if body.stream:
         chunks = (_chat_chunks if chat else _completion_chunks)(
-            events, call_id, state.model_name, len(streams), body.include_usage
+            updates, call_id, state.model_name, num_choices, body.include_usage
         )
         return StreamingResponse(_sse(chunks, close_all), media_type="text/event-stream")
     try:
-        return await _unless_disconnected(_collect(events, call_id, state.model_name, len(streams), chat), request)
+        return await _unless_disconnected(_collect(updates, call_id, state.model_name, num_choices, chat), request)
     finally:
         close_all()
 
 
+@dataclass
+class _ChoiceUpdate:
+    """What one engine snapshot added to one choice of the response."""
+
+    index: int  # the choice's index in the response: prompt * n + sample
+    prompt_index: int
+    num_prompt_tokens: int
+    completion: CompletionOutput  # delta_text / delta_token_ids are the new part
+    finished: bool  # True exactly once per choice, on the update that finished it
+
+
+async def _choice_updates(events: AsyncIterator[tuple[int, RequestOutput]], n: int) -> AsyncIterator[_ChoiceUpdate]:
+    """Flatten engine snapshots (each holding one or more completions) into per-choice updates."""
+    reported: set[int] = set()
+    async for base, output in events:
+        for completion in output.outputs:
+            index = base + completion.index
+            finished = completion.finish_reason is not None and index not in reported
+            if finished:
+                reported.add(index)
+            if completion.delta_token_ids or completion.delta_text or finished:
+                yield _ChoiceUpdate(index, index // n, len(output.prompt_token_ids), completion, finished)
+
+
 async def _collect(
-    events: AsyncIterator[tuple[int, RequestOutput]], call_id: str, model: str, num_choices: int, chat: bool
+    updates: AsyncIterator[_ChoiceUpdate], call_id: str, model: str, num_choices: int, chat: bool
 ) -> dict[str, Any]:
     final: dict[int, CompletionOutput] = {}
-    prompt_tokens: dict[str, int] = {}
-    async for index, output in events:
-        if output.finished:
-            final[index] = output.outputs[0]
-            prompt_tokens[output.request_id] = len(output.prompt_token_ids)
+    prompt_tokens: dict[int, int] = {}
+    async for update in updates:
+        prompt_tokens[update.prompt_index] = update.num_prompt_tokens
+        if update.finished:
+            final[update.index] = update.completion
     choices = []
     for index in range(num_choices):
         completion = final[index]
@@ -168,30 +193,22 @@ async def _collect(
         "created": now(),
         "model": model,
         "choices": choices,
-        "usage": usage(_distinct_prompt_tokens(prompt_tokens), completion_tokens),
+        "usage": usage(sum(prompt_tokens.values()), completion_tokens),
     }
 
 
-def _distinct_prompt_tokens(prompt_tokens: dict[str, int]) -> int:
-    """Each prompt counts once however many choices it has (ids end in -<prompt>-<choice>)."""
-    by_prompt = {request_id.rsplit("-", 1)[0]: count for request_id, count in prompt_tokens.items()}
-    return sum(by_prompt.values())
-
-
-async def _completion_chunks(events, call_id: str, model: str, num_choices: int, include_usage: bool):
+async def _completion_chunks(updates, call_id: str, model: str, num_choices: int, include_usage: bool):
     created, prompt_tokens, completion_tokens = now(), {}, 0
-    async for index, output in events:
-        completion = output.outputs[0]
+    async for update in updates:
+        completion = update.completion
+        prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         completion_tokens += len(completion.delta_token_ids)
-        if output.finished:
-            prompt_tokens[output.request_id] = len(output.prompt_token_ids)
-        if completion.delta_text or output.finished:
-            choice = {"index": index, "text": completion.delta_text, "logprobs": None}
-            yield _chunk(
-                call_id, "text_completion", created, model, {**choice, "finish_reason": completion.finish_reason}
-            )
+        finish_reason = completion.finish_reason if update.finished else None
+        if completion.delta_text or finish_reason:
+            choice = {"index": update.index, "text": completion.delta_text, "logprobs": None}
+            yield _chunk(call_id, "text_completion", created, model, {**choice, "finish_reason": finish_reason})
     if include_usage:
-        tokens = usage(_distinct_prompt_tokens(prompt_tokens), completion_tokens)
+        tokens = usage(sum(prompt_tokens.values()), completion_tokens)
         yield {
             "id": call_id,
             "object": "text_completion",
@@ -202,21 +219,21 @@ async def _completion_chunks(events, call_id: str, model: str, num_choices: int,
         }
 
 
-async def _chat_chunks(events, call_id: str, model: str, num_choices: int, include_usage: bool):
+async def _chat_chunks(updates, call_id: str, model: str, num_choices: int, include_usage: bool):
     created, prompt_tokens, completion_tokens = now(), {}, 0
     kind = "chat.completion.chunk"
     for index in range(num_choices):  # the role comes first, once per choice, as OpenAI sends it
         yield _chunk(call_id, kind, created, model, _delta(index, {"role": "assistant", "content": ""}, None))
-    async for index, output in events:
-        completion = output.outputs[0]
+    async for update in updates:
+        completion = update.completion
+        prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         completion_tokens += len(completion.delta_token_ids)
         if completion.delta_text:
-            yield _chunk(call_id, kind, created, model, _delta(index, {"content": completion.delta_text}, None))
-        if output.finished:
-            prompt_tokens[output.request_id] = len(output.prompt_token_ids)
-            yield _chunk(call_id, kind, created, model, _delta(index, {}, completion.finish_reason))
+            yield _chunk(call_id, kind, created, model, _delta(update.index, {"content": completion.delta_text}, None))
+        if update.finished:
+            yield _chunk(call_id, kind, created, model, _delta(update.index, {}, completion.finish_reason))
     if include_usage:
-        tokens = usage(_distinct_prompt_tokens(prompt_tokens), completion_tokens)
+        tokens = usage(sum(prompt_tokens.values()), completion_tokens)
         yield {"id": call_id, "object": kind, "created": created, "model": model, "choices": [], "usage": tokens}
 
 
