@@ -42,7 +42,7 @@ class _Abort:
 
 
 class EngineLoop:
-    """``async for output in loop.generate(prompt, params, request_id)`` from any handler.
+    """``stream = await loop.submit(prompt, params, request_id)``, then ``async for output in stream``.
 
     ``start()`` launches the engine thread; ``stop()`` ends it (aborting whatever is in flight).
     """
@@ -91,17 +91,23 @@ class EngineLoop:
     # --- the engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
-        while True:
-            if not engine.has_unfinished_requests():
-                command = self._inbox.get()  # idle: sleep until a command comes
-                if command is None:
+        try:
+            while True:
+                if not engine.has_unfinished_requests():
+                    command = self._inbox.get()  # idle: sleep until a command comes
+                    if command is None:
+                        break
+                    self._handle(command)
+                if not self._drain_inbox():
                     break
-                self._handle(command)
-            if not self._drain_inbox():
-                break
-            if engine.has_unfinished_requests():
-                self._step()
-        self._shutdown()
+                if engine.has_unfinished_requests():
+                    self._step()
+        except Exception:
+            log.exception("the engine loop died; /health now answers 503")
+            raise
+        finally:
+            self._stopping = True
+            self._shutdown()
 
     def _drain_inbox(self) -> bool:
         """Handle every command that arrived while the last step ran; False once asked to stop."""
