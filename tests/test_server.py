@@ -30,6 +30,8 @@ PROMPTS = (ROOT / "data" / "prompts" / "serving_prompts.txt").read_text().splitl
 API_KEY = "test-key-123"
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 1024  # as the offline `llm` fixture, so both run the same numerics
+KV_BLOCK_SIZE = 16
+KV_SPARE_BLOCKS = 32  # the KV budget: one max_model_len sequence, the null block, and this many more
 STARTUP_TIMEOUT_S = 180
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_with_injected_fault import FAULT_MARKER  # noqa: E402
@@ -41,8 +43,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kv_budget_bytes(model_config) -> int:
+    """A small KV cache, so a burst of a few dozen requests overflows it (float32 K and V, every layer)."""
+    c = model_config
+    per_block = 2 * c.num_layers * KV_BLOCK_SIZE * c.num_kv_heads * c.head_dim * 4
+    return (MAX_MODEL_LEN // KV_BLOCK_SIZE + 1 + KV_SPARE_BLOCKS) * per_block
+
+
 @pytest.fixture(scope="module")
-def server(impl_name):
+def server(impl_name, llm):
     """Start the server process, wait (bounded) for /health, yield its base URL; always stop it."""
     port = _free_port()
     command = [
@@ -55,6 +64,8 @@ def server(impl_name):
         "--dtype", "float32",
         "--max-num-seqs", str(MAX_NUM_SEQS),
         "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-block-size", str(KV_BLOCK_SIZE),
+        "--kv-cache-memory", str(_kv_budget_bytes(llm.engine.model_config)),
         "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -175,7 +186,7 @@ def test_n_choices_are_distinct_samples(client, model):
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert all(c.finish_reason in ("stop", "length") for c in reply.choices)
     assert len({c.text for c in reply.choices}) > 1
-    assert reply.usage.completion_tokens > 3 and reply.usage.prompt_tokens == 4
+    assert reply.usage.completion_tokens > 3 and reply.usage.prompt_tokens == 4  # the prompt counts once
     stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, n=3, seed=5, stream=True)
     streamed = ["", "", ""]
     for chunk in stream:
@@ -332,21 +343,28 @@ def test_bad_input_never_disturbs_a_request_in_flight(server, client, model, llm
     assert result["text"] == offline.outputs[0].text
 
 
-def test_a_burst_beyond_the_batch_queues_and_completes(server, client, model):
-    """Three times as many requests as the engine holds at once: some wait, all finish."""
-    burst = 3 * MAX_NUM_SEQS
-    peak_waiting, done = 0.0, threading.Event()
+def test_a_burst_beyond_the_kv_budget_queues_and_completes(server, client, model, llm):
+    """More requests at once than the KV cache holds: some wait (or are preempted), all finish."""
+    prompts = [" ".join([p] * 8) for p in PROMPTS]  # distinct ~80-token prompts: no shared prefix blocks
+    max_tokens = 4
+    blocks_each = -(-(len(llm.tokenizer.encode(prompts[0])) + max_tokens) // KV_BLOCK_SIZE)
+    total_blocks = _metrics(server)["kv_blocks_total"]
+    burst = int(1.5 * total_blocks / blocks_each) + 1
+    assert burst * blocks_each > total_blocks
+    peak_waiting, peak_used, done = 0.0, 0.0, threading.Event()
 
     def watch():
-        nonlocal peak_waiting
+        nonlocal peak_waiting, peak_used
         while not done.is_set():
-            peak_waiting = max(peak_waiting, _metrics(server)["num_requests_waiting"])
+            m = _metrics(server)
+            peak_waiting, peak_used = max(peak_waiting, m["num_requests_waiting"]), max(peak_used, m["kv_blocks_used"])
             time.sleep(0.05)
 
     async def all_of_them():
         async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300) as aclient:
             calls = [
-                aclient.completions.create(model=model, prompt=p, max_tokens=4, temperature=0) for p in PROMPTS[:burst]
+                aclient.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0)
+                for p in prompts[:burst]
             ]
             return await asyncio.gather(*calls)
 
@@ -358,7 +376,7 @@ def test_a_burst_beyond_the_batch_queues_and_completes(server, client, model):
         done.set()
         watcher.join()
     assert len(replies) == burst and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
-    assert peak_waiting > 0
+    assert peak_waiting > 0 and 0 < peak_used <= total_blocks
     after = _metrics(server)
     assert after["num_requests_running"] == 0 and after["kv_blocks_used"] == 0
 

@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,16 +119,14 @@ def build_app(state: ServerState) -> FastAPI:
 async def _serve(state: ServerState, request: Request, body: SamplingFields, prompts: list, chat: bool):
     params = _bad_input(lambda: body.sampling_params(default_max_tokens=16 if not chat else state.max_model_len))
     call_id = new_id("chatcmpl" if chat else "cmpl")
-    n = body.n
+    n = params.n
     streams: list[tuple[int, RequestStream]] = []
     close_all = lambda: [stream.close() for _, stream in streams]
     try:
-        # One engine request per (prompt, choice); choice i*n + j samples with seed + j, so n > 1 differs.
+        # One engine request per prompt; it samples the prompt's n choices (choice j seeded seed + j).
         for i, prompt in enumerate(prompts):
-            for j in range(n):
-                choice_params = params if params.seed is None else replace(params, seed=params.seed + j)
-                stream = await _bad_input_async(state.loop.submit(prompt, choice_params, f"{call_id}-{i}-{j}"))
-                streams.append((i * n + j, stream))
+            stream = await _bad_input_async(state.loop.submit(prompt, params, f"{call_id}-{i}"))
+            streams.append((i * n, stream))
     except BaseException:
         close_all()
         raise

@@ -50,11 +50,10 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """The engine's ``SamplingParams`` for one choice; ``SamplingParams`` raises ValueError on bad values."""
-        if self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n}")
+        """The engine's ``SamplingParams``; it raises ValueError naming any bad value."""
         max_tokens = self.output_limit()
         return SamplingParams(
+            n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
