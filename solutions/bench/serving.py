@@ -198,9 +198,9 @@ def offline_throughput(options: dict[str, Any], prompts: list[str], max_tokens: 
     llm = LLM(**options)
     chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(chats[: min(4, len(chats))], params)  # warm-up
+    llm.generate(chats[: min(4, len(chats))], params, use_tqdm=False)  # warm-up
     start = time.perf_counter()
-    outputs = llm.generate(chats, params)
+    outputs = llm.generate(chats, params, use_tqdm=False)
     duration = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
@@ -327,8 +327,12 @@ def _print(s: dict[str, Any], out: Path) -> None:
         print(f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  p99 {st['p99_ms']:.1f}")
     if "offline" in s:
         off = s["offline"]
-        verdict = "within 15%" if s["server_over_offline"] >= 0.85 else "MORE than 15% below"
+        ratio = s["server_over_offline"]
         print(f"offline LLM.generate: {off['output_throughput']:.1f} tok/s over {off['duration_s']:.2f} s")
-        print(f"server / offline output throughput: {s['server_over_offline']:.3f} ({verdict})")
+        print(
+            f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: {'met' if ratio >= 0.85 else 'NOT met'})"
+        )
+        if ratio > 1.15:
+            print("  (the server cannot beat the engine it runs on: the machine's load changed between the two runs)")
     print(f"goal: {s['completed'] + s['failed']} requests, none lost: {'met' if s['failed'] == 0 else 'NOT met'}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
