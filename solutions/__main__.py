@@ -1,4 +1,4 @@
-"""Command line: ``python -m solutions generate | chat | bench NAME``."""
+"""Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME``."""
 
 from __future__ import annotations
 
@@ -6,38 +6,47 @@ import argparse
 import importlib
 import sys
 
+from .engine_options import add_engine_args, engine_options
+
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
     "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
+    "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",
     "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
     "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",
 }
+
+
+def _sampling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling options")
+    group.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate per reply (default: 64)")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default); 0.7 is lively")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass")
+    group.add_argument("--top-k", type=int, default=0, help="keep only the k likeliest tokens (0: all)")
+    group.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    group.add_argument("--stop", action="append", default=[], help="a string that ends the reply (repeatable)")
+    group.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
 
 
 def _sampling(args):
     from .engine.sampling_params import SamplingParams
 
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
     )
-
-
-def _engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="a .gguf file or HF checkpoint folder (default: bundled SmolLM2)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
 
 
 def _llm(args):
     from .llm import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype)
+    return LLM(**engine_options(args))
 
 
 def generate(args) -> int:
@@ -50,8 +59,10 @@ def generate(args) -> int:
 
 def chat(args) -> int:
     llm = _llm(args)
-    messages: list[dict[str, str]] = []
-    print("Chat with the model (empty line or Ctrl-D to quit).")
+    params = _sampling(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    print("Chat with the model: type a message and press Enter. /reset starts over; an empty line or Ctrl-D quits.")
     while True:
         try:
             line = input("you> ").strip()
@@ -59,13 +70,30 @@ def chat(args) -> int:
             break
         if not line:
             break
+        if line == "/reset":
+            messages = list(system)
+            continue
         messages.append({"role": "user", "content": line})
         prompt = llm.tokenizer.apply_chat_template(messages)
         print("model> ", end="")
-        for output in llm.stream(prompt, _sampling(args)):
+        for output in llm.stream(prompt, params):
             print(output.outputs[0].delta_text, end="", flush=True)
         print(f"\n[{output.metrics.summary()}]")
         messages.append({"role": "assistant", "content": output.outputs[0].text})
+    return 0
+
+
+def serve(args) -> int:
+    from .serve.openai_server import run_server
+
+    run_server(
+        engine_options(args),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        log_level=args.log_level,
+    )
     return 0
 
 
@@ -85,13 +113,37 @@ def perplexity(args) -> int:
     return 0
 
 
+EXAMPLES = """examples:
+  python -m solutions generate "The capital of France is" --max-tokens 16
+  python -m solutions chat --temperature 0.7
+  python -m solutions serve --port 8000            # then: curl localhost:8000/v1/models
+  python -m solutions bench serving --help
+Every command takes the engine options (--device, --max-num-seqs, ...): see `python -m solutions serve --help`."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions", description="The Fast Mode inference engine.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions",
+        description="The Fast Mode inference engine: generate, chat, serve the OpenAI API, or run a benchmark.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     gen = commands.add_parser("generate", help="complete one prompt, streaming, then print the metrics")
-    gen.add_argument("prompt")
-    _engine_args(gen)
-    _engine_args(commands.add_parser("chat", help="an interactive chat using the model's chat template"))
+    gen.add_argument("prompt", help="the text to continue (plain text, no chat template)")
+    _sampling_args(gen)
+    add_engine_args(gen)
+    talk = commands.add_parser("chat", help="an interactive chat that keeps the conversation (the chat template)")
+    talk.add_argument("--system", default=None, help="a system message that opens the conversation")
+    _sampling_args(talk)
+    add_engine_args(talk)
+    srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    srv.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file stem)")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_args(srv)
     ppl = commands.add_parser("perplexity", help="perplexity of the bundled model on a text file, optionally quantized")
     ppl.add_argument("--file", required=True, help="a UTF-8 text file, e.g. data/text/kjv_luke_1-12.txt")
     ppl.add_argument("--quantization", choices=["rtn", "awq"], default=None)
@@ -106,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(f".bench.{args.name}", __package__).main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"generate": generate, "chat": chat, "perplexity": perplexity}[args.command](args)
+    return {"generate": generate, "chat": chat, "serve": serve, "perplexity": perplexity}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Serving: an OpenAI-compatible HTTP server on the engine (``python -m solutions serve``)."""
