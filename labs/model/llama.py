@@ -25,6 +25,7 @@ from torch import nn
 
 from ..kernels.attention import gqa_attention
 from .config import ModelConfig
+from .moe import MoEMLP, fuse_moe_experts
 
 
 class Attend(Protocol):
@@ -107,7 +108,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MoEMLP(config) if config.num_local_experts else MLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
@@ -182,10 +183,13 @@ def fuse_projections(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
             [state_dict[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
         )
         fused[f"layers.{i}.self_attn.o_proj.weight"] = state_dict[p + "self_attn.o_proj.weight"]
-        fused[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-            [state_dict[p + "mlp.gate_proj.weight"], state_dict[p + "mlp.up_proj.weight"]]
-        )
-        fused[f"layers.{i}.mlp.down_proj.weight"] = state_dict[p + "mlp.down_proj.weight"]
+        if config.num_local_experts:
+            fused.update(fuse_moe_experts(state_dict, i, config.num_local_experts))
+        else:
+            fused[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
+                [state_dict[p + "mlp.gate_proj.weight"], state_dict[p + "mlp.up_proj.weight"]]
+            )
+            fused[f"layers.{i}.mlp.down_proj.weight"] = state_dict[p + "mlp.down_proj.weight"]
         for norm in ("input_layernorm", "post_attention_layernorm"):
             fused[f"layers.{i}.{norm}.weight"] = state_dict[p + f"{norm}.weight"]
     fused["embed_tokens.weight"] = state_dict["model.embed_tokens.weight"]

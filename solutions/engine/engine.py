@@ -31,9 +31,10 @@ class Engine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        weights = load_weights(config.model)
+        weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
-        self.tokenizer = weights.tokenizer
+        self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
+        self.eos_token_id = weights.config.eos_token_id if self.tokenizer is None else self.tokenizer.eos_token_id
         self.model = LlamaModel.from_state_dict(weights.config, weights.state_dict, config.device, config.torch_dtype)
         if config.quantization:
             from ..quant.model import quantize_named_model  # here, so `python -m solutions.quant.awq` imports it once
@@ -70,6 +71,8 @@ class Engine:
     def _new_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None) -> Request:
         """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token ids")
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character or token id")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -117,8 +120,8 @@ class Engine:
         tokens = sample(logits, [r.params for r in batch.requests], [r.generator for r in batch.requests])
         outputs = []
         for request, token in zip(batch.requests, tokens):
-            text = self.tokenizer.decode(request.output_token_ids + [token])
-            request.append_token(token, text, self.tokenizer.eos_token_id, self.max_model_len)
+            text = self.tokenizer.decode(request.output_token_ids + [token]) if self.tokenizer else ""
+            request.append_token(token, text, self.eos_token_id, self.max_model_len)
             if request.finished:
                 self.scheduler.finish(request)
                 del self.requests[request.request_id]

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+MOE_MODEL_TYPES = ("mixtral", "moefied_llama")
+MOE_ROUTERS = ("softmax", "unit")  # Mixtral's renormalised softmax weights; MoEfication's weight 1 per chosen expert
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -27,10 +30,21 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Mixture of experts (Lesson 5): 0 experts means a dense MLP; intermediate_size is then each expert's width.
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_router: str = "softmax"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be in [1, {self.num_local_experts}] (num_local_experts), "
+                f"got {self.num_experts_per_tok}"
+            )
+        if self.moe_router not in MOE_ROUTERS:
+            raise ValueError(f"moe_router must be one of {MOE_ROUTERS}, got {self.moe_router!r}")
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> ModelConfig:
@@ -63,8 +77,10 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type", "llama")
-        if model_type not in ("llama", "mistral"):
-            raise ValueError(f"only Llama-architecture checkpoints are supported, got model_type={model_type!r}")
+        if model_type not in ("llama", "mistral", *MOE_MODEL_TYPES):
+            raise ValueError(
+                f"only Llama-architecture checkpoints (llama, mistral, mixtral) are supported, got model_type={model_type!r}"
+            )
         scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {})
         if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
             raise ValueError(f"RoPE scaling {scaling!r} is not supported by this engine")
@@ -85,4 +101,18 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            **moe_fields(cfg),
         )
+
+
+def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The MoE fields of a HF config.json: none for a dense model; Mixtral's and the MoE-fied SmolLM2's otherwise."""
+    if cfg.get("model_type") not in MOE_MODEL_TYPES:
+        return {}
+    if cfg.get("sliding_window") is not None:
+        raise ValueError(f"sliding-window attention (sliding_window={cfg['sliding_window']}) is not supported")
+    return dict(
+        num_local_experts=int(cfg["num_local_experts"]),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_router=cfg.get("moe_router", "softmax"),
+    )
