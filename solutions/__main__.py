@@ -9,6 +9,7 @@ import sys
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
     "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
+    "moe": "a MoE layer: grouped expert GEMM vs per-expert loop vs a dense FFN of equal active size",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
 }
 

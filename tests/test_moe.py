@@ -192,8 +192,9 @@ def test_bad_moe_inputs_are_named(load):
     moe_gemm = load("kernels.moe_gemm")
     x, w13, w2, _ = _moe_inputs(4, 16, 8, 3, seed=0)
     experts, weights = torch.tensor([[0], [1], [2], [3]]), torch.ones(4, 1)
-    with pytest.raises(ValueError, match="expert ids"):
-        moe_gemm.fused_moe(x, w13, w2, weights, experts, backend="triton")
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="expert ids"):
+            moe_gemm.fused_moe(x, w13, w2, weights, experts, backend=backend)
     with pytest.raises(ValueError, match="do not fit"):
         moe_gemm.fused_moe(x[:, :8], w13, w2, weights, experts.clamp(max=2), backend="triton")
     with pytest.raises(ValueError, match="backend"):

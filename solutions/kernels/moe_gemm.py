@@ -101,9 +101,12 @@ def grouped_gemm(
 
 
 def check_moe_inputs(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
-):
-    """Raise a ValueError naming the problem if the operands do not form one MoE layer."""
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, check_ids: bool
+) -> None:
+    """Raise a ValueError naming the problem if the operands do not form one MoE layer.
+
+    ``check_ids`` also checks every expert id is in range (a host sync on a GPU: the model's own router,
+    whose top-k ids are in range by construction, skips it)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [tokens, hidden], got shape {tuple(x.shape)}")
     if w13.dim() != 3 or w2.dim() != 3 or w13.shape[0] != w2.shape[0]:
@@ -113,15 +116,20 @@ def check_moe_inputs(
         raise ValueError(f"x [T, {x.shape[1]}], w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit together")
     if experts.shape != weights.shape or experts.shape[0] != x.shape[0]:
         raise ValueError(f"experts {tuple(experts.shape)} and weights {tuple(weights.shape)} must both be [T, k]")
-    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
+    if check_ids and experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
         raise ValueError(f"expert ids must lie in [0, {num_experts})")
 
 
 def fused_moe_triton(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """The MoE layer on the grouped Triton kernel: permute, GEMM (gate/up), SwiGLU, GEMM (down, weighted), sum."""
-    check_moe_inputs(x, w13, w2, weights, experts)
+    check_moe_inputs(x, w13, w2, weights, experts, check_ids)
     tokens, top_k = experts.shape
     block = _block_sizes(x.device)
     perm = permute(experts, w13.shape[0], block[0])
@@ -162,15 +170,17 @@ def fused_moe(
     weights: torch.Tensor,
     experts: torch.Tensor,
     backend: str = "auto",
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """``[T, H]``: the MoE layer on ``backend`` ("auto": Triton on CUDA, torch on CPU; "triton" on CPU
     runs the kernel through the interpreter, ``TRITON_INTERPRET=1`` set before import)."""
     if backend == "auto":
         backend = "triton" if x.device.type == "cuda" else "torch"
     if backend == "triton":
-        return fused_moe_triton(x, w13, w2, weights, experts)
+        return fused_moe_triton(x, w13, w2, weights, experts, check_ids)
     if backend != "torch":
         raise ValueError(f"MoE backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    check_moe_inputs(x, w13, w2, weights, experts, check_ids)
     return fused_moe_torch(x, w13, w2, weights, experts)
 
 
