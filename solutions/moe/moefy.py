@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from ..kernels.attention import gqa_attention
 from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
 from ..model.loader import bundled_model_path, cache_dir, load_weights
@@ -58,9 +59,15 @@ def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch
         layer.post_attention_layernorm.register_forward_hook(lambda m, args, out, i=i: inputs[i].append(out))
         for i, layer in enumerate(model.layers)
     ]
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads_first = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+        return gqa_attention(*heads_first, causal=True)[0].transpose(0, 1)
+
     try:
         for start in range(0, len(token_ids), WINDOW):
-            model.sequence_logits(token_ids[start : start + WINDOW])
+            window = token_ids[start : start + WINDOW]
+            model(window, torch.arange(len(window)), attend)  # hidden states only: the LM head is not needed
     finally:
         for hook in hooks:
             hook.remove()
@@ -187,7 +194,7 @@ def load_or_compute_split(
     neurons, routers, recalls = split_model(model, ids, num_experts, split)
     print(f"split ({split}) and routers trained on {len(ids)} tokens of {CALIBRATION_TEXT.name} "
           f"in {time.perf_counter() - start:.0f} s; held-out top-{max(1, num_experts // 4)} router recall: "
-          f"mean {sum(recalls) / len(recalls):.2f}, min {min(recalls):.2f}")  # fmt: skip
+          f"mean {sum(recalls) / len(recalls):.2f}, min {min(recalls):.2f}", flush=True)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {
         "command": f"python -m solutions.moe.moefy --experts {num_experts} --split {split} --recompute",
@@ -204,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=None, help="experts per token in the written config (default E/2)")
     parser.add_argument("--split", choices=["coactivation", "random"], default="coactivation")
     parser.add_argument("--recompute", action="store_true", help="redo the split and routers (else read data/moe/)")
-    parser.add_argument("--calib-tokens", type=int, default=4096)
-    parser.add_argument("--eval-tokens", type=int, default=4096)
+    parser.add_argument("--calib-tokens", type=int, default=2048)
+    parser.add_argument("--eval-tokens", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=None, help="folder for the converted model (default: the cache)")
     parser.add_argument("--no-write", action="store_true", help="measure only; write no model folder")
     args = parser.parse_args(argv)
@@ -230,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     check = eval_ids[:WINDOW]
     with torch.inference_mode():
         gap = (moe.sequence_logits(check) - dense.sequence_logits(check)).abs().max().item()
-    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} over {len(check)} tokens")
+    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} over {len(check)} tokens",
+          flush=True)  # fmt: skip
     dense_ppl = perplexity(dense, eval_ids, WINDOW)
     dense_flops = ffn_flops_per_token(config, num_experts, None)
     print(f"\nperplexity on the first {len(eval_ids)} tokens of {EVALUATION_TEXT.name} (windows of {WINDOW});")
     print(f"FFN MFLOPs per token over {config.num_layers} layers (router included); split: {args.split}")
     print(f"{'model':<14}{'FFN MFLOP':>10}{'of dense':>10}{'perplexity':>12}{'vs dense':>10}")
-    print(f"{'dense':<14}{dense_flops / 1e6:>10.1f}{1:>10.0%}{dense_ppl:>12.3f}{1:>9.2f}x")
+    print(f"{'dense':<14}{dense_flops / 1e6:>10.1f}{1:>10.0%}{dense_ppl:>12.5g}{1:>9.3g}x")
     curve = {"dense": {"ffn_flops": dense_flops, "perplexity": dense_ppl}}
     for k in range(1, num_experts + 1):
         for layer in moe.layers:
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         flops = ffn_flops_per_token(config, num_experts, k)
         curve[f"top-{k}"] = {"ffn_flops": flops, "perplexity": ppl}
         print(f"{f'top-{k} of {num_experts}':<14}{flops / 1e6:>10.1f}{flops / dense_flops:>10.0%}"
-              f"{ppl:>12.3f}{ppl / dense_ppl:>9.2f}x", flush=True)  # fmt: skip
+              f"{ppl:>12.5g}{ppl / dense_ppl:>9.3g}x", flush=True)  # fmt: skip
     if not math.isclose(gap, 0.0, abs_tol=1e-3):
         raise RuntimeError(f"k = E does not reproduce the dense model (max logit gap {gap:.2e})")
     record = {
