@@ -47,8 +47,8 @@ def test_lab0_exercises_are_holes_in_labs():
 
 def test_labs_engine_runs_on_the_learners_modules():
     """Only exercise files live in labs/; the rest of the engine is solutions' code, wired to them."""
-    cache = importlib.import_module("labs.cache.kv_cache")
-    attention = importlib.import_module("labs.kernels.attention")
-    assert cache.gqa_attention is attention.gqa_attention
-    assert Path(attention.__file__).is_relative_to(ROOT / "labs")
-    assert Path(cache.__file__).is_relative_to(ROOT / "solutions")
+    engine = importlib.import_module("labs.engine.engine")
+    manager = importlib.import_module("labs.cache.kv_cache_manager")
+    assert engine.KVCacheManager is manager.KVCacheManager, "the labs engine must run the learner's KV-cache manager"
+    assert Path(manager.__file__).is_relative_to(ROOT / "labs")
+    assert Path(engine.__file__).is_relative_to(ROOT / "solutions")

@@ -272,8 +272,14 @@ def test_unsupported_architectures_name_themselves(load):
     config = load("model.config")
     with pytest.raises(ValueError, match="qwen2_moe"):
         config.ModelConfig.from_hf_config({"model_type": "qwen2_moe"})
+    mixtral = {"model_type": "mixtral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 5}  # fmt: skip
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        config.ModelConfig.from_hf_config(mixtral)
     with pytest.raises(ValueError, match="sliding"):
-        config.moe_fields({"model_type": "mixtral", "sliding_window": 4096, "num_local_experts": 8})
+        config.ModelConfig.from_hf_config(
+            {**mixtral, "num_experts_per_tok": 2, "sliding_window": 4096, "max_position_embeddings": 32768}
+        )
 
 
 def test_lab5_exercises_are_holes_in_labs():

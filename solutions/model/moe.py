@@ -11,6 +11,8 @@ dense FFN's neurons, so choosing all ``E`` gives back the dense FFN exactly).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -38,25 +40,54 @@ class MoEMLP(nn.Module):
         return fused_moe(x, self.w13, self.w2, weights.to(x.dtype), routing.experts, self.backend, check_ids=False)
 
 
-def fuse_moe_experts(state_dict: dict[str, torch.Tensor], layer: int, num_experts: int) -> dict[str, torch.Tensor]:
-    """One layer's router and experts, from Hugging Face Mixtral names, as this model's stacked tensors.
+def moe_weight_sources(layer: int) -> dict[str, list[str]]:
+    """One layer's MoE parameters -> their (stacked) Hugging Face Mixtral tensors: router, gate/up, down."""
+    p, out = f"model.layers.{layer}.mlp.", f"layers.{layer}.mlp."
+    return {
+        out + "gate.weight": [p + "gate.weight"],
+        out + "w13": [p + "experts.gate_up_proj"],
+        out + "w2": [p + "experts.down_proj"],
+    }
 
-    Reads either checkpoint layout: per-expert ``block_sparse_moe.experts.{e}.w1/w2/w3.weight``
-    (what ``save_pretrained`` writes) or the stacked ``mlp.experts.gate_up_proj`` / ``down_proj``.
-    """
-    p = f"model.layers.{layer}."
-    out = f"layers.{layer}.mlp."
-    if p + "block_sparse_moe.gate.weight" in state_dict:
-        moe = p + "block_sparse_moe."
-        expert = lambda e, name: state_dict[f"{moe}experts.{e}.{name}.weight"]
-        w13 = torch.stack([torch.cat([expert(e, "w1"), expert(e, "w3")]) for e in range(num_experts)])
-        w2 = torch.stack([expert(e, "w2") for e in range(num_experts)])
-        gate = state_dict[moe + "gate.weight"]
-    elif p + "mlp.experts.gate_up_proj" in state_dict:
-        w13, w2 = state_dict[p + "mlp.experts.gate_up_proj"], state_dict[p + "mlp.experts.down_proj"]
-        gate = state_dict[p + "mlp.gate.weight"]
-    else:
-        raise ValueError(f"layer {layer} of the checkpoint has no MoE router (block_sparse_moe.gate or mlp.gate)")
-    if gate.shape[0] != num_experts or w13.shape[0] != num_experts:
-        raise ValueError(f"layer {layer} holds {w13.shape[0]} experts, the config says {num_experts}")
-    return {out + "gate.weight": gate, out + "w13": w13, out + "w2": w2}
+
+class _StackedExperts(Mapping):
+    """``state_dict`` with each layer's per-expert Mixtral tensors seen as the stacked ones ``moe_weight_sources``
+    names; stacking happens when a stacked tensor is read, so a lazy ``state_dict`` stays lazy."""
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor], num_layers: int, num_experts: int):
+        self.base, self.num_experts, self.virtual = state_dict, num_experts, {}
+        for layer in range(num_layers):
+            old, new = f"model.layers.{layer}.block_sparse_moe.", f"model.layers.{layer}.mlp."
+            if old + "gate.weight" in state_dict:
+                self.virtual[new + "gate.weight"] = (old + "gate.weight", None)
+                self.virtual[new + "experts.gate_up_proj"] = (old, ("w1", "w3"))
+                self.virtual[new + "experts.down_proj"] = (old, ("w2",))
+        hidden = {name for name in state_dict if ".block_sparse_moe." in name}
+        self.names = [name for name in state_dict if name not in hidden] + list(self.virtual)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.virtual:
+            return self.base[name]
+        prefix, parts = self.virtual[name]
+        if parts is None:
+            return self.base[prefix]
+        experts = range(self.num_experts)
+        missing = [e for e in experts if f"{prefix}experts.{e}.{parts[0]}.weight" not in self.base]
+        if missing:
+            raise ValueError(f"{prefix}experts holds fewer experts than the config's {self.num_experts}")
+        return torch.stack(
+            [torch.cat([self.base[f"{prefix}experts.{e}.{part}.weight"] for part in parts]) for e in experts]
+        )
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def stacked_experts(state_dict: Mapping[str, torch.Tensor], num_layers: int, num_experts: int) -> Mapping:
+    """Either Mixtral checkpoint layout, as the stacked one: per-expert ``block_sparse_moe.experts.{e}.w1/w2/w3``
+    (what ``save_pretrained`` writes) become ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (w1 rows, then w3)
+    and ``mlp.experts.down_proj`` ``[E, H, I]``; a checkpoint already stacked passes through."""
+    return _StackedExperts(state_dict, num_layers, num_experts)

@@ -156,7 +156,7 @@ def hf_config_json(config: ModelConfig) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "tie_word_embeddings": config.tie_word_embeddings,
         "bos_token_id": config.bos_token_id,
-        "eos_token_id": config.eos_token_id,
+        "eos_token_id": list(config.eos_token_ids) or None,
         "num_local_experts": config.num_local_experts,
         "num_experts_per_tok": config.num_experts_per_tok,
         "moe_router": config.moe_router,
