@@ -23,6 +23,8 @@ class EngineConfig:
     ``attention_backend`` "auto" (or ``$FASTMODE_ATTENTION``) picks the attention implementation.
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
     ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions.quant.awq``.
+    ``skip_tokenizer_init`` loads no tokenizer (a folder without tokenizer files): prompts must be token ids,
+    and outputs carry token ids with empty text.
     """
 
     model: str | None = None
@@ -40,6 +42,7 @@ class EngineConfig:
     quantization: str | None = None
     w_bit: int = 4
     group_size: int = 64
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         if self.device == "auto":

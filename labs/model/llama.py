@@ -27,6 +27,7 @@ from torch import nn
 
 from ..kernels.attention import gqa_attention
 from .config import ModelConfig, RopeScaling
+from .moe import MoEMLP, moe_weight_sources, stacked_experts
 
 
 class Attend(Protocol):
@@ -140,7 +141,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MoEMLP(config) if config.num_local_experts else MLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
@@ -196,6 +197,8 @@ class LlamaModel(nn.Module):
         device, so with a lazy ``state_dict`` (the loader's) peak memory is the final weights plus one
         source tensor. A tensor the model has no place for is an error naming it, never dropped.
         """
+        if config.num_local_experts:  # per-expert Mixtral tensors, seen as one stacked tensor per layer
+            state_dict = stacked_experts(state_dict, config.num_layers, config.num_local_experts)
         sources = fused_weight_sources(config)
         _check_names(state_dict, sources, config)
         with torch.device("meta"):
@@ -225,8 +228,11 @@ def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
         p = f"model.layers.{i}."
         sources[f"layers.{i}.self_attn.qkv_proj.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
         sources[f"layers.{i}.self_attn.o_proj.weight"] = [p + "self_attn.o_proj.weight"]
-        sources[f"layers.{i}.mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        sources[f"layers.{i}.mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
+        if config.num_local_experts:
+            sources.update(moe_weight_sources(i))
+        else:
+            sources[f"layers.{i}.mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            sources[f"layers.{i}.mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
         for norm in ("input_layernorm", "post_attention_layernorm"):
             sources[f"layers.{i}.{norm}.weight"] = [p + f"{norm}.weight"]
     sources["embed_tokens.weight"] = ["model.embed_tokens.weight"]

@@ -47,3 +47,15 @@ class IncrementalDetokenizer:
             return ""
         delta, self.emitted = self.text[self.emitted : end], end
         return delta
+
+
+class NullDetokenizer:
+    """For an engine without a tokenizer (``skip_tokenizer_init``): outputs carry token ids and no text."""
+
+    text = ""
+
+    def add(self, token_id: int) -> str | None:
+        return None
+
+    def delta(self, finished: bool) -> str:
+        return ""

@@ -22,7 +22,7 @@ from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
@@ -47,16 +47,16 @@ class Engine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        weights = load_weights(config.model)
+        weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
-        self.tokenizer = weights.tokenizer
+        self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
         self.model = LlamaModel.from_state_dict(weights.config, weights.state_dict, config.device, config.torch_dtype)
         if config.quantization:
             from ..quant.model import quantize_named_model  # here, so `python -m solutions.quant.awq` imports it once
 
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
-        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
         cache = self._allocate_kv_cache()
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, cache, config.attention_backend)
@@ -133,6 +133,10 @@ class Engine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None, now: float
     ) -> RequestGroup:
         """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
+        if self.tokenizer is None and (isinstance(prompt, str) or getattr(params, "stop", None)):
+            raise ValueError(
+                "this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token ids, without stop strings"
+            )
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character or token id")
@@ -160,7 +164,10 @@ class Engine:
 
     def _new_request(self, group: RequestGroup, index: int) -> Request:
         request_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
-        detokenizer = IncrementalDetokenizer(self.tokenizer.backend, group.prompt_token_ids, group.params.stop)
+        if self.tokenizer is None:
+            detokenizer = NullDetokenizer()
+        else:
+            detokenizer = IncrementalDetokenizer(self.tokenizer.backend, group.prompt_token_ids, group.params.stop)
         request = Request(request_id, group, index, detokenizer)
         group.requests.append(request)
         return request

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
-SUPPORTED_HF_MODEL_TYPES = ("llama", "mistral")
+MOE_MODEL_TYPES = ("mixtral", "moefied_llama")
+SUPPORTED_HF_MODEL_TYPES = ("llama", "mistral", *MOE_MODEL_TYPES)
+MOE_ROUTERS = ("softmax", "unit")  # Mixtral's renormalised softmax weights; MoEfication's weight 1 per chosen expert
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 
@@ -64,8 +66,19 @@ class ModelConfig:
     eos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
     rope_scaling: RopeScaling | None = None
+    # Mixture of experts (Lesson 5): 0 experts means a dense MLP; intermediate_size is then each expert's width.
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_router: str = "softmax"
 
     def __post_init__(self) -> None:
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be in [1, {self.num_local_experts}] (num_local_experts), "
+                f"got {self.num_experts_per_tok}"
+            )
+        if self.moe_router not in MOE_ROUTERS:
+            raise ValueError(f"moe_router must be one of {MOE_ROUTERS}, got {self.moe_router!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.eos_token_id is not None and not self.eos_token_ids:
@@ -161,6 +174,7 @@ class ModelConfig:
             eos_token_id=eos_ids[0] if eos_ids else None,
             eos_token_ids=eos_ids,
             rope_scaling=_hf_rope_scaling(cfg),
+            **moe_fields(cfg),
         )
 
 
@@ -217,3 +231,14 @@ def _gguf_rope_scaling(meta: dict[str, Any], arch: str, freq_factors: tuple[floa
     if scaling_type == "linear":
         return RopeScaling(rope_type="linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
     return None
+
+
+def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The MoE fields of a HF config.json: none for a dense model; Mixtral's and the MoE-fied SmolLM2's otherwise."""
+    if cfg.get("model_type") not in MOE_MODEL_TYPES:
+        return {}
+    return dict(
+        num_local_experts=int(cfg["num_local_experts"]),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_router=cfg.get("moe_router", "softmax"),
+    )

@@ -60,7 +60,7 @@ class LoadedWeights:
 
     config: ModelConfig
     state_dict: Mapping[str, torch.Tensor]
-    tokenizer: TextTokenizer
+    tokenizer: TextTokenizer | None  # None for a folder loaded with load_tokenizer=False
     source: Path
 
 
@@ -175,9 +175,9 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     return LoadedWeights(config, LazyStateDict(safetensors_readers(weights_file)), tokenizer, path)
 
 
-def load_hf_folder(folder: Path) -> LoadedWeights:
-    """Load a local Hugging Face Llama checkpoint: config.json (and generation_config.json), *.safetensors,
-    tokenizer.json."""
+def load_hf_folder(folder: Path, load_tokenizer: bool = True) -> LoadedWeights:
+    """Load a local Hugging Face Llama or Mixtral checkpoint: config.json (and generation_config.json),
+    *.safetensors, tokenizer.json (not needed with ``load_tokenizer=False``)."""
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{folder} is not a Hugging Face checkpoint folder: config.json is missing")
@@ -190,17 +190,21 @@ def load_hf_folder(folder: Path) -> LoadedWeights:
     readers: dict[str, Callable[[], torch.Tensor]] = {}
     for shard in shards:
         readers.update(safetensors_readers(shard))
-    tokenizer = TextTokenizer.from_hf_folder(folder, config.eos_token_ids, config.bos_token_id)
+    tokenizer = (
+        TextTokenizer.from_hf_folder(folder, config.eos_token_ids, config.bos_token_id) if load_tokenizer else None
+    )
     return LoadedWeights(config, LazyStateDict(readers), tokenizer, folder)
 
 
-def load_weights(model: str | os.PathLike | None = None, use_cache: bool = True) -> LoadedWeights:
+def load_weights(
+    model: str | os.PathLike | None = None, use_cache: bool = True, load_tokenizer: bool = True
+) -> LoadedWeights:
     """Load ``model``: None for the bundled SmolLM2, a ``.gguf`` file, or a checkpoint folder."""
     path = bundled_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model {str(path)!r} does not exist (give a .gguf file or a checkpoint folder)")
     if path.is_dir():
-        return load_hf_folder(path)
+        return load_hf_folder(path, load_tokenizer)
     if path.suffix != ".gguf":
         raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a checkpoint folder")
     return load_gguf(path, use_cache=use_cache)

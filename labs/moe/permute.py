@@ -1,0 +1,45 @@
+# Generated from solutions/moe/permute.py by tools/make_labs.py: fill in each NotImplementedError.
+"""Token permutation: sort the ``T * k`` (token, expert) assignments by expert, pad each group to a block.
+
+A grouped GEMM runs one tile of ``BLOCK`` rows against one expert's weights, so each expert's rows
+must be contiguous and a tile must never straddle two experts. Assignment ``a = t * k + j`` is token
+``t``'s ``j``-th choice. With block 4, experts 0..2 and 5 assignments::
+
+    experts (flat)       [2, 0, 0, 2, 0]          counts [3, 0, 2] -> padded [4, 0, 4]
+    sorted_ids           [1, 2, 4, P | 0, 3, P, P]    P = T * k: a padding row (never read, never written)
+    block_experts        [0 | 2]
+
+Invariants: ``len(sorted_ids) == BLOCK * len(block_experts)``; every assignment appears exactly once;
+rows of block ``b`` are assignments of expert ``block_experts[b]`` or padding. The buffers are sized for
+the worst case (``T * k + E * (BLOCK - 1)`` rows, a whole number of blocks), so nothing waits on the
+GPU to learn the sizes; blocks past the last expert's group hold only padding and expert -1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """``sorted_ids`` ``[R]`` int64 (assignment index or the padding value ``T * k``),
+    ``block_experts`` ``[R / block]`` int64 (-1 for an all-padding tail block), ``counts`` ``[E]``."""
+
+    sorted_ids: torch.Tensor
+    block_experts: torch.Tensor
+    counts: torch.Tensor
+    block: int
+
+
+def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
+    """Group the assignments ``experts`` ``[T, k]`` by expert, each group padded to a multiple of ``block``."""
+    if experts.dim() != 2:
+        raise ValueError(f"experts must be [tokens, top_k], got shape {tuple(experts.shape)}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    num_assignments = experts.numel()
+    worst_rows = num_assignments + num_experts * (block - 1)
+    num_rows = -(-worst_rows // block) * block
+    raise NotImplementedError('Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block')

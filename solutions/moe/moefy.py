@@ -1,0 +1,278 @@
+"""``python -m solutions.moe.moefy --experts 8``: MoE-fy the bundled SmolLM2 and measure what top-k costs.
+
+MoEfication (Zhang et al., 2022) without retraining the model:
+
+1. run the dense model on calibration text (``data/text/kjv_genesis_1-15.txt``) and keep each layer's
+   FFN input ``x`` and activations ``a = silu(W_gate x) * W_up x``;
+2. per layer, split the ``I`` neurons into ``E`` equal experts by balanced k-means on co-activation
+   (``--split random`` for the baseline a clustering must beat);
+3. per layer, train a linear router on the model's own activations to predict each expert's
+   contribution (``moe.split.train_router``);
+4. score perplexity on held-out text (``data/text/kjv_luke_1-12.txt``) for each ``k``, beside the
+   FFN FLOPs per token; ``k = E`` must reproduce the dense model (checked and printed);
+5. write the converted model as a Hugging Face style folder (``config.json`` with ``model_type``
+   ``moefied_llama``, Mixtral tensor names, ``tokenizer.json``) that ``LLM(model=folder)`` loads.
+
+Steps 1-3 are cached in ``data/moe/`` (the neuron split and router weights, under 1 MB); ``--recompute``
+redoes them. The folder (about 540 MB of float32) goes under ``$FASTMODE_CACHE`` unless ``--out`` says
+otherwise, and is not part of the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..kernels.attention import gqa_attention
+from ..model.config import ModelConfig
+from ..model.llama import LlamaModel
+from ..model.loader import bundled_model_path, cache_dir, load_weights
+from ..quant.perplexity import perplexity
+from .split import balanced_kmeans, expert_importance, neurons_by_expert, top_k_recall, train_router
+
+ROOT = Path(__file__).resolve().parents[2]
+CALIBRATION_TEXT = ROOT / "data" / "text" / "kjv_genesis_1-15.txt"
+EVALUATION_TEXT = ROOT / "data" / "text" / "kjv_luke_1-12.txt"
+WINDOW = 512
+
+
+def artefact_path(num_experts: int, split: str = "coactivation") -> Path:
+    suffix = "" if split == "coactivation" else f".{split}"
+    return ROOT / "data" / "moe" / f"{bundled_model_path().stem}.moe{num_experts}{suffix}.safetensors"
+
+
+@torch.inference_mode()
+def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's FFN input (the post-attention RMSNorm's output) ``[T, H]`` over ``token_ids``, window by window."""
+    inputs: list[list[torch.Tensor]] = [[] for _ in model.layers]
+    hooks = [
+        layer.post_attention_layernorm.register_forward_hook(lambda m, args, out, i=i: inputs[i].append(out))
+        for i, layer in enumerate(model.layers)
+    ]
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads_first = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+        return gqa_attention(*heads_first, causal=True)[0].transpose(0, 1)
+
+    try:
+        for start in range(0, len(token_ids), WINDOW):
+            window = token_ids[start : start + WINDOW]
+            model(window, torch.arange(len(window)), attend)  # hidden states only: the LM head is not needed
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [torch.cat(chunks) for chunks in inputs]
+
+
+def split_model(
+    model: LlamaModel, token_ids: torch.Tensor, num_experts: int, split: str = "coactivation", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Neurons ``[L, E, I/E]``, routers ``[L, E, H]``, and each router's top-(E/4) recall on the last 10% of tokens."""
+    all_neurons, routers, recalls = [], [], []
+    for layer, x in zip(model.layers, collect_ffn_inputs(model, token_ids)):
+        gate, up = (x @ layer.mlp.gate_up_proj.weight.t()).chunk(2, dim=-1)
+        activations = F.silu(gate) * up
+        width = activations.shape[1]
+        if split == "coactivation":
+            labels = balanced_kmeans(activations.abs().t(), num_experts, seed=seed)
+        elif split == "random":
+            labels = torch.randperm(width, generator=torch.Generator().manual_seed(seed)) % num_experts
+        else:
+            raise ValueError(f"split must be 'coactivation' or 'random', got {split!r}")
+        neurons = neurons_by_expert(labels, num_experts)
+        importance = expert_importance(activations, layer.mlp.down_proj.weight, neurons)
+        train = int(0.9 * len(x))
+        router = train_router(x[:train], importance[:train], seed=seed)
+        recalls.append(top_k_recall(x[train:] @ router.t(), importance[train:], max(1, num_experts // 4)))
+        all_neurons.append(neurons)
+        routers.append(router)
+    return torch.stack(all_neurons), torch.stack(routers), recalls
+
+
+def machine_name() -> str:
+    """The CPU's model name and the threads torch uses (for the record beside each figure)."""
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+def moefied_config(config: ModelConfig, num_experts: int, top_k: int) -> ModelConfig:
+    """The dense config with its FFN cut into ``num_experts`` experts of ``I / E`` neurons, unit-weight routing."""
+    return replace(
+        config,
+        intermediate_size=config.intermediate_size // num_experts,
+        num_local_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_router="unit",
+    )
+
+
+def moefied_state_dict(
+    state_dict: dict[str, torch.Tensor], neurons: torch.Tensor, routers: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Dense Hugging Face Llama tensors -> Mixtral-named experts (``w1`` gate, ``w3`` up, ``w2`` down) and routers."""
+    moe = {}
+    for name, tensor in state_dict.items():
+        if ".mlp." not in name:
+            moe[name] = tensor
+    for layer, (layer_neurons, router) in enumerate(zip(neurons, routers)):
+        dense, out = f"model.layers.{layer}.mlp.", f"model.layers.{layer}.block_sparse_moe."
+        moe[out + "gate.weight"] = router.contiguous()
+        for expert, idx in enumerate(layer_neurons):
+            moe[f"{out}experts.{expert}.w1.weight"] = state_dict[dense + "gate_proj.weight"][idx].contiguous()
+            moe[f"{out}experts.{expert}.w3.weight"] = state_dict[dense + "up_proj.weight"][idx].contiguous()
+            moe[f"{out}experts.{expert}.w2.weight"] = state_dict[dense + "down_proj.weight"][:, idx].contiguous()
+    return moe
+
+
+def hf_config_json(config: ModelConfig) -> dict:
+    """``config.json`` for a MoE-fied model, in Hugging Face's field names (read back by ``ModelConfig.from_hf_config``)."""
+    return {
+        "model_type": "moefied_llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": list(config.eos_token_ids) or None,
+        "num_local_experts": config.num_local_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        "moe_router": config.moe_router,
+        "sliding_window": None,
+    }
+
+
+def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None) -> None:
+    """Write ``config.json``, ``model.safetensors`` and (if given) ``tokenizer.json`` + ``tokenizer_config.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_config_json(config), indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(folder / "model.safetensors"))
+    if tokenizer is not None:
+        tokenizer.backend.save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": tokenizer.chat_template}) + "\n")
+
+
+def ffn_flops_per_token(config: ModelConfig, num_experts: int, top_k: int | None) -> float:
+    """Multiply-adds x 2 of every layer's FFN for one token; ``top_k=None`` is the dense FFN (no router)."""
+    dense = 2 * 3 * config.hidden_size * config.intermediate_size
+    per_layer = dense if top_k is None else 2 * config.hidden_size * num_experts + dense * top_k / num_experts
+    return config.num_layers * per_layer
+
+
+def load_or_compute_split(
+    model: LlamaModel, tokenizer, num_experts: int, split: str, calib_tokens: int, recompute: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split and routers from ``data/moe/`` if cached (and not ``recompute``), else computed and cached."""
+    path = artefact_path(num_experts, split)
+    if path.exists() and not recompute:
+        cached = load_file(str(path))
+        return cached["neurons"].long(), cached["routers"]
+    ids = torch.tensor(tokenizer.encode(CALIBRATION_TEXT.read_text())[:calib_tokens])
+    start = time.perf_counter()
+    neurons, routers, recalls = split_model(model, ids, num_experts, split)
+    print(f"split ({split}) and routers trained on {len(ids)} tokens of {CALIBRATION_TEXT.name} "
+          f"in {time.perf_counter() - start:.0f} s; held-out top-{max(1, num_experts // 4)} router recall: "
+          f"mean {sum(recalls) / len(recalls):.2f}, min {min(recalls):.2f}", flush=True)  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "command": f"python -m solutions.moe.moefy --experts {num_experts} --split {split} --recompute",
+        "calibration": f"first {len(ids)} tokens of data/text/{CALIBRATION_TEXT.name}",
+        "router_recall": json.dumps([round(r, 4) for r in recalls]),
+    }
+    save_file({"neurons": neurons.to(torch.int16), "routers": routers.contiguous()}, str(path), metadata=metadata)
+    return neurons, routers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m solutions.moe.moefy", description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top-k", type=int, default=None, help="experts per token in the written config (default E/2)")
+    parser.add_argument("--split", choices=["coactivation", "random"], default="coactivation")
+    parser.add_argument("--recompute", action="store_true", help="redo the split and routers (else read data/moe/)")
+    parser.add_argument("--calib-tokens", type=int, default=2048)
+    parser.add_argument("--eval-tokens", type=int, default=2048)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the converted model (default: the cache)")
+    parser.add_argument("--no-write", action="store_true", help="measure only; write no model folder")
+    args = parser.parse_args(argv)
+    num_experts = args.experts
+    top_k = args.top_k or max(1, num_experts // 2)
+
+    weights = load_weights()
+    config = weights.config
+    if config.intermediate_size % num_experts:
+        raise ValueError(f"intermediate_size {config.intermediate_size} does not split into {num_experts} experts")
+    dense = LlamaModel.from_state_dict(config, weights.state_dict, "cpu", torch.float32)
+    neurons, routers = load_or_compute_split(
+        dense, weights.tokenizer, num_experts, args.split, args.calib_tokens, args.recompute
+    )
+    moe_state = moefied_state_dict(weights.state_dict, neurons, routers)
+    moe_config = moefied_config(config, num_experts, top_k)
+    moe = LlamaModel.from_state_dict(
+        replace(moe_config, num_experts_per_tok=num_experts), moe_state, "cpu", torch.float32
+    )
+
+    eval_ids = torch.tensor(weights.tokenizer.encode(EVALUATION_TEXT.read_text())[: args.eval_tokens])
+    check = eval_ids[:WINDOW]
+    with torch.inference_mode():
+        gap = (moe.sequence_logits(check) - dense.sequence_logits(check)).abs().max().item()
+    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} over {len(check)} tokens",
+          flush=True)  # fmt: skip
+    dense_ppl = perplexity(dense, eval_ids, WINDOW)
+    dense_flops = ffn_flops_per_token(config, num_experts, None)
+    print(f"\nperplexity on the first {len(eval_ids)} tokens of {EVALUATION_TEXT.name} (windows of {WINDOW});")
+    print(f"FFN MFLOPs per token over {config.num_layers} layers (router included); split: {args.split}")
+    print(f"{'model':<14}{'FFN MFLOP':>10}{'of dense':>10}{'perplexity':>12}{'vs dense':>10}")
+    print(f"{'dense':<14}{dense_flops / 1e6:>10.1f}{1:>10.0%}{dense_ppl:>12.5g}{1:>9.3g}x")
+    curve = {"dense": {"ffn_flops": dense_flops, "perplexity": dense_ppl}}
+    for k in range(1, num_experts + 1):
+        for layer in moe.layers:
+            layer.mlp.top_k = k
+        ppl = perplexity(moe, eval_ids, WINDOW)
+        flops = ffn_flops_per_token(config, num_experts, k)
+        curve[f"top-{k}"] = {"ffn_flops": flops, "perplexity": ppl}
+        print(f"{f'top-{k} of {num_experts}':<14}{flops / 1e6:>10.1f}{flops / dense_flops:>10.0%}"
+              f"{ppl:>12.5g}{ppl / dense_ppl:>9.3g}x", flush=True)  # fmt: skip
+    if not math.isclose(gap, 0.0, abs_tol=1e-3):
+        raise RuntimeError(f"k = E does not reproduce the dense model (max logit gap {gap:.2e})")
+    record = {
+        "command": "python -m solutions.moe.moefy " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_name(),
+        "evaluation": f"first {len(eval_ids)} tokens of data/text/{EVALUATION_TEXT.name}, windows of {WINDOW}",
+        "split": args.split,
+        "k_equals_e_max_logit_gap": gap,
+        "curve": curve,
+    }
+    curve_path = artefact_path(num_experts, args.split).with_suffix(".curve.json")
+    curve_path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"curve written to {curve_path.relative_to(ROOT)}")
+    if not args.no_write:
+        folder = args.out or cache_dir() / f"{weights.source.stem}-moe{num_experts}"
+        write_folder(folder, moe_config, moe_state, weights.tokenizer)
+        print(f"\nwrote {folder} (top-{top_k} of {num_experts}); load it with LLM(model={str(folder)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

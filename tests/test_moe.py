@@ -1,0 +1,295 @@
+"""Lesson 5: the router and its balance loss, the permutation, the grouped expert kernel, Mixtral checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+# ---------------------------------------------------------------- router and balance loss (Lab 5)
+
+
+@pytest.mark.lab5
+def test_route_picks_top_k_and_renormalises_by_hand(load):
+    router = load("moe.router")
+    probs = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
+    routing = router.route(probs.log(), top_k=2)
+    assert routing.experts.tolist() == [[1, 2], [0, 2]]
+    torch.testing.assert_close(routing.weights, torch.tensor([[0.6 / 0.9, 0.3 / 0.9], [0.5 / 0.8, 0.3 / 0.8]]))
+    torch.testing.assert_close(routing.probs, probs)
+    raw = router.route(probs.log(), top_k=2, renormalize=False)
+    torch.testing.assert_close(raw.weights, torch.tensor([[0.6, 0.3], [0.5, 0.3]]))
+
+
+@pytest.mark.lab5
+def test_route_computes_in_float32_and_names_bad_k(load):
+    router = load("moe.router")
+    logits = torch.randn(5, 4, dtype=torch.bfloat16)
+    routing = router.route(logits, top_k=4)
+    assert routing.weights.dtype == torch.float32 and routing.experts.dtype == torch.int64
+    torch.testing.assert_close(routing.weights.sum(-1), torch.ones(5))
+    assert sorted(routing.experts[0].tolist()) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="top_k"):
+        router.route(logits, top_k=5)
+
+
+@pytest.mark.lab5
+def test_balance_loss_against_hand_computed_values(load):
+    router = load("moe.router")
+    # 4 tokens, 2 experts, top-1: experts [0, 0, 0, 1] -> f = [3/4, 1/4]
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    routing = router.route(probs.log(), top_k=1)
+    p_mean = [(0.9 + 0.8 + 0.6 + 0.3) / 4, (0.1 + 0.2 + 0.4 + 0.7) / 4]
+    expected = 0.01 * 2 * (0.75 * p_mean[0] + 0.25 * p_mean[1])
+    assert math.isclose(router.load_balancing_loss(routing, alpha=0.01).item(), expected, rel_tol=1e-6)
+    # top-2 of 3 experts: the 4 assignments [1, 2, 0, 2] -> f = [1/4, 1/4, 2/4]
+    probs = torch.tensor([[0.2, 0.5, 0.3], [0.4, 0.1, 0.5]])
+    routing = router.route(probs.log(), top_k=2)
+    p_mean = [0.3, 0.3, 0.4]
+    expected = 1.0 * 3 * (0.25 * p_mean[0] + 0.25 * p_mean[1] + 0.5 * p_mean[2])
+    assert math.isclose(router.load_balancing_loss(routing, alpha=1.0).item(), expected, rel_tol=1e-6)
+
+
+@pytest.mark.lab5
+def test_balance_loss_is_alpha_when_uniform_and_alpha_e_when_collapsed(load):
+    router = load("moe.router")
+    experts = 4
+    uniform = router.route(torch.eye(experts) * 1e-3, top_k=1)  # each token its own expert, probs ~ 1/E
+    assert math.isclose(router.load_balancing_loss(uniform, alpha=0.5).item(), 0.5, rel_tol=1e-3)
+    collapsed = router.route(torch.tensor([[30.0, 0, 0, 0]] * 6), top_k=1)
+    assert math.isclose(router.load_balancing_loss(collapsed, alpha=0.5).item(), 0.5 * experts, rel_tol=1e-3)
+
+
+@pytest.mark.lab5
+def test_balance_loss_gradient_flows_through_the_probabilities_only(load):
+    router = load("moe.router")
+    logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    loss = router.load_balancing_loss(router.route(logits, top_k=2))
+    loss.backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_capacity_drops_assignments_past_each_experts_slots(load):
+    router = load("moe.router")
+    assert router.expert_capacity(num_tokens=10, num_experts=4, top_k=2, capacity_factor=1.0) == 5
+    assert router.expert_capacity(num_tokens=10, num_experts=4, top_k=1, capacity_factor=1.25) == 4
+    experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
+    keep = router.capacity_mask(experts, num_experts=3, capacity=2)
+    # first choices fill first: expert 0 takes tokens 0 and 1, drops token 2; then second choices:
+    # expert 1 has token 3 (first choice) + token 0 -> full, drops token 2's; expert 0 is full: drops token 3's.
+    assert keep.tolist() == [[True, True], [True, True], [False, False], [True, False]]
+    with pytest.raises(ValueError, match="capacity_factor"):
+        router.expert_capacity(4, 2, 1, 0.0)
+
+
+# ---------------------------------------------------------------- permutation (Lab 5)
+
+
+def _check_permutation(perm, experts, num_experts, block):
+    flat = experts.flatten().tolist()
+    padding = len(flat)
+    ids = perm.sorted_ids.tolist()
+    assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (block - 1)
+    assert sorted(i for i in ids if i != padding) == list(range(len(flat)))  # each assignment exactly once
+    for b, expert in enumerate(perm.block_experts.tolist()):
+        rows = [i for i in ids[b * block : (b + 1) * block] if i != padding]
+        if expert == -1:
+            assert not rows
+        else:
+            assert rows and all(flat[i] == expert for i in rows)
+    used = [e for e in perm.block_experts.tolist() if e != -1]
+    assert used == sorted(used)  # groups in expert order, tail blocks last
+    assert perm.counts.tolist() == [flat.count(e) for e in range(num_experts)]
+    for e in range(num_experts):  # a group's rows keep the assignments' order (stable sort)
+        rows = [i for i in ids if i != padding and flat[i] == e]
+        assert rows == sorted(rows)
+
+
+@pytest.mark.lab5
+def test_permutation_by_hand(load):
+    permute = load("moe.permute")
+    experts = torch.tensor([[2, 0], [0, 2], [0, 1]])  # flat [2, 0, 0, 2, 0, 1]
+    perm = permute.permute(experts, num_experts=4, block=4)
+    p = 6
+    assert perm.sorted_ids.tolist()[:12] == [1, 2, 4, p, 5, p, p, p, 0, 3, p, p]
+    assert perm.block_experts.tolist()[:3] == [0, 1, 2]
+    assert set(perm.block_experts.tolist()[3:]) <= {-1}
+
+
+@pytest.mark.lab5
+@pytest.mark.parametrize(
+    "tokens, num_experts, top_k, block", [(1, 8, 2, 16), (37, 5, 2, 4), (64, 8, 1, 16), (9, 3, 3, 1)]
+)
+def test_permutation_invariants_on_random_routings(load, tokens, num_experts, top_k, block):
+    permute = load("moe.permute")
+    g = torch.Generator().manual_seed(tokens)
+    experts = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
+    _check_permutation(permute.permute(experts, num_experts, block), experts, num_experts, block)
+
+
+@pytest.mark.lab5
+def test_permutation_with_an_empty_expert_and_one_taking_all(load):
+    permute = load("moe.permute")
+    experts = torch.full((13, 1), 3)
+    perm = permute.permute(experts, num_experts=5, block=4)
+    _check_permutation(perm, experts, 5, 4)
+    assert perm.block_experts.tolist()[:4] == [3, 3, 3, 3]
+
+
+# ---------------------------------------------------------------- grouped kernel vs the per-expert loop
+
+
+def _moe_inputs(tokens, hidden, width, num_experts, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * width, hidden, generator=g) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, width, generator=g) / width**0.5).to(dtype)
+    return x, w13, w2, g
+
+
+def _routings(tokens, num_experts, top_k, g):
+    random_pick = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
+    no_expert_0 = torch.rand(tokens, num_experts - 1, generator=g).argsort(dim=1)[:, :top_k] + 1
+    all_to_one = torch.stack(
+        [torch.full((tokens,), num_experts - 1)] + [random_pick[:, 0] * 0 + j for j in range(top_k - 1)], 1
+    )
+    return {"random": random_pick, "an expert with no token": no_expert_0, "one expert takes every token": all_to_one}
+
+
+@pytest.mark.parametrize("tokens, top_k", [(1, 2), (37, 2), (64, 1), (129, 3)])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_grouped_moe_matches_float64_per_expert_loop(load, tokens, top_k, backend):
+    moe_gemm = load("kernels.moe_gemm")
+    num_experts, hidden, width = 6, 48, 40  # widths off the kernel's tiles: masks are exercised
+    x, w13, w2, g = _moe_inputs(tokens, hidden, width, num_experts, seed=tokens + top_k)
+    for name, experts in _routings(tokens, num_experts, top_k, g).items():
+        weights = torch.rand(tokens, top_k, generator=g)
+        expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
+        ours = moe_gemm.fused_moe(x, w13, w2, weights, experts, backend=backend)
+        loop = moe_gemm.moe_per_expert_loop(x, w13, w2, weights, experts)
+        assert ours.dtype == x.dtype and ours.shape == x.shape
+        err = (ours.double() - expected).abs().max() / expected.abs().max()
+        assert err < 1e-5, f"{name}: relative error {err:.2e}"
+        torch.testing.assert_close(loop, ours, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_gemm_writes_only_real_rows(load):
+    """Padding rows are neither read nor written: the output, poisoned first, is fully overwritten by real rows."""
+    moe_gemm = load("kernels.moe_gemm")
+    permute = load("moe.permute")
+    x, w13, _, g = _moe_inputs(21, 32, 24, 4, seed=3)
+    experts = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
+    block = (16, 32, 32)
+    perm = permute.permute(experts, 4, block[0])
+    out = moe_gemm.grouped_gemm(x, w13, perm.sorted_ids, perm.block_experts, 42, 2, block)
+    expected = torch.stack([x[a // 2] @ w13[experts.flatten()[a]].t() for a in range(42)])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_moe_inputs_are_named(load):
+    moe_gemm = load("kernels.moe_gemm")
+    x, w13, w2, _ = _moe_inputs(4, 16, 8, 3, seed=0)
+    experts, weights = torch.tensor([[0], [1], [2], [3]]), torch.ones(4, 1)
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="expert ids"):
+            moe_gemm.fused_moe(x, w13, w2, weights, experts, backend=backend)
+    with pytest.raises(ValueError, match="do not fit"):
+        moe_gemm.fused_moe(x[:, :8], w13, w2, weights, experts.clamp(max=2), backend="triton")
+    with pytest.raises(ValueError, match="backend"):
+        moe_gemm.fused_moe(x, w13, w2, weights, experts.clamp(max=2), backend="cuda")
+
+
+# ---------------------------------------------------------------- Mixtral checkpoints against transformers
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(tmp_path_factory):
+    """A randomly initialised Mixtral written by transformers, with no tokenizer files."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    folder = tmp_path_factory.mktemp("mixtral")
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+        rope_theta=10000.0, eos_token_id=None, bos_token_id=None,
+    )  # fmt: skip
+    model = MixtralForCausalLM(config).eval()
+    with torch.no_grad():  # wider router logits than the default init, so routing differs from token to token
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.mul_(20)
+    model.save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "mixtral"
+    return model, folder
+
+
+def test_mixtral_logits_match_transformers(load, tiny_mixtral):
+    hf_model, folder = tiny_mixtral
+    loader, llama = load("model.loader"), load("model.llama")
+    weights = loader.load_weights(folder, load_tokenizer=False)
+    assert (weights.config.num_local_experts, weights.config.num_experts_per_tok) == (4, 2)
+    model = llama.LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
+    ids = torch.randint(0, 211, (23,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = hf_model(ids[None]).logits[0]
+        ours = model.sequence_logits(ids)
+        for mlp in (layer.mlp for layer in model.layers):
+            mlp.backend = "triton"
+        on_kernel = model.sequence_logits(ids)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(on_kernel, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_mixtral_greedy_matches_hf_generate_batched_and_alone(load, tiny_mixtral):
+    hf_model, folder = tiny_mixtral
+    llm = load("llm").LLM(str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=4)
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 12, 1, 30)]
+    expected = []
+    for prompt in prompts:
+        with torch.inference_mode():
+            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
+        expected.append(out[0, len(prompt) :].tolist())
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    alone = [llm.generate(p, params)[0].outputs[0].token_ids for p in prompts]
+    assert batched == expected
+    assert alone == expected
+
+
+def test_engine_without_tokenizer_rejects_text_prompts(load, tiny_mixtral):
+    _, folder = tiny_mixtral
+    llm = load("llm").LLM(str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=1)
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        llm.generate("a text prompt")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load("llm").LLM(str(folder), device="cpu")
+
+
+def test_unsupported_architectures_name_themselves(load):
+    config = load("model.config")
+    with pytest.raises(ValueError, match="qwen2_moe"):
+        config.ModelConfig.from_hf_config({"model_type": "qwen2_moe"})
+    mixtral = {"model_type": "mixtral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 5}  # fmt: skip
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        config.ModelConfig.from_hf_config(mixtral)
+    with pytest.raises(ValueError, match="sliding"):
+        config.ModelConfig.from_hf_config(
+            {**mixtral, "num_experts_per_tok": 2, "sliding_window": 4096, "max_position_embeddings": 32768}
+        )
+
+
+def test_lab5_exercises_are_holes_in_labs():
+    """In labs/, the router, its balance loss and the permutation raise until the learner writes them."""
+    import importlib
+
+    router, permute = importlib.import_module("labs.moe.router"), importlib.import_module("labs.moe.permute")
+    with pytest.raises(NotImplementedError, match="Lab 5"):
+        router.route(torch.zeros(2, 4), top_k=2)
+    with pytest.raises(NotImplementedError, match="Lab 5"):
+        router.load_balancing_loss(None)
+    with pytest.raises(NotImplementedError, match="Lab 5"):
+        permute.permute(torch.zeros(2, 1, dtype=torch.long), num_experts=2, block=4)
