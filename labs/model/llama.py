@@ -25,6 +25,7 @@ from torch import nn
 
 from ..kernels.attention import gqa_attention
 from .config import ModelConfig
+from .cpu_linear import use_fastest_linears
 
 
 class Attend(Protocol):
@@ -167,7 +168,10 @@ class LlamaModel(nn.Module):
         model.rope_cos, model.rope_sin = (
             t.to(dtype) for t in rope_tables(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
         )
-        return model.eval().requires_grad_(False)
+        model = model.eval().requires_grad_(False)
+        if torch.device(device).type == "cpu":
+            use_fastest_linears(model)  # each linear runs the matrix product measured fastest on this CPU
+        return model
 
 
 def fuse_projections(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
