@@ -147,3 +147,17 @@ def test_a_tied_weight_stays_tied():
     model.lm_head.weight = embedding.weight
     cpu_linear.use_fastest_linears(model, use_cache=False)
     assert isinstance(model.lm_head, CpuLinear) and model.lm_head.weight is model.embed_tokens.weight
+
+
+def test_decisions_taken_on_a_busy_machine_are_retaken_when_it_is_quiet(cache, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "machine_busy", lambda: True)
+    cpu_linear.use_fastest_linears(tiny_model())
+    assert cpu_linear.noisy_keys(cache) == {"float32:24x32", "float32:32x24"}
+    measured = []
+    real_measure = cpu_linear.measure_shape
+    monkeypatch.setattr(cpu_linear, "measure_shape", lambda ws, **kw: measured.append(1) or real_measure(ws))
+    cpu_linear.use_fastest_linears(tiny_model())  # still busy: the cached (noisy) decisions are used
+    assert measured == []
+    monkeypatch.setattr(cpu_linear, "machine_busy", lambda: False)
+    cpu_linear.use_fastest_linears(tiny_model())
+    assert len(measured) == 2 and cpu_linear.noisy_keys(cache) == set()

@@ -21,6 +21,8 @@ fixed batch size and two copies of the weight, slower than oneDNN where measured
 The decision is cached per machine in ``cache_dir()/cpu_linear.json``, keyed by the CPU (model name
 and a hash of its feature flags), torch's version and thread count, and the candidate list; a cache
 that is missing, unreadable, malformed or made on another machine is ignored and measured again.
+Decisions measured while the machine was busy (load average above the CPU count) are marked, and
+measured again by the first load that finds the machine quiet.
 ``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
 
 Invariant: every path computes ``F.linear(x, weight, bias)`` (same math, different summation order).
@@ -199,13 +201,34 @@ def read_decisions(path: Path | None = None) -> dict[str, dict]:
     return {key: entry for key, entry in decisions.items() if _valid_entry(entry)}
 
 
-def write_decisions(decisions: dict[str, dict], path: Path | None = None) -> None:
-    """Write atomically (a crash never leaves half a file); an unwritable cache directory is not an error."""
+def machine_busy() -> bool:
+    """Whether other work competes for the CPUs now (1-minute load average above the CPU count)."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
+def noisy_keys(path: Path | None = None) -> set[str]:
+    """Shape keys whose decision was measured while the machine was busy (to re-measure when it is quiet)."""
+    try:
+        noisy = json.loads((path or cache_path()).read_text()).get("measured_busy", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {key for key in noisy if isinstance(key, str)} if isinstance(noisy, list) else set()
+
+
+def write_decisions(decisions: dict[str, dict], path: Path | None = None, busy: Iterable[str] = ()) -> None:
+    """Write atomically (a crash never leaves half a file); an unwritable cache directory is not an error.
+
+    ``busy`` names the decisions measured on a busy machine: a later load on a quiet one measures them again.
+    """
     path = path or cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(json.dumps({"machine": machine_key(), "decisions": decisions}, indent=1))
+        content = {"machine": machine_key(), "decisions": decisions, "measured_busy": sorted(busy)}
+        partial.write_text(json.dumps(content, indent=1))
         partial.replace(path)
     except OSError:
         pass
@@ -267,11 +290,19 @@ def choose_paths(
 ) -> dict[str, dict]:
     """Decisions for every shape: from the cache where it has them, measured (and cached) where not."""
     decisions = read_decisions() if use_cache else {}
+    busy = noisy_keys() & decisions.keys() if use_cache else set()
+    busy_now = machine_busy()
+    if not busy_now:  # decisions taken under load are noise: retake them now that the machine is quiet
+        for key in busy:
+            del decisions[key]
+        busy = set()
     missing = {shape_key(*shape): ws for shape, ws in weights_by_shape.items() if shape_key(*shape) not in decisions}
     for key, weights in missing.items():
         decisions[key] = measure_shape(weights)
+        if busy_now:
+            busy.add(key)
     if missing and use_cache:
-        write_decisions(decisions)
+        write_decisions(decisions, busy=busy)
     return decisions
 
 
