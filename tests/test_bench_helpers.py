@@ -34,3 +34,24 @@ def test_batch_speed_accounts_for_every_token(llm):
     assert speed.per_user_tokens_per_s <= speed.aggregate_tokens_per_s
     with pytest.raises(ValueError, match="max_num_seqs"):
         measure_batch_speed(llm, batch_size=99)
+
+
+def test_step_split_counts_every_linear_of_a_step():
+    from solutions.bench.step_split import attention_flops, linear_flops, linear_seconds, step_linears
+    from solutions.model.config import ModelConfig
+    from solutions.model.llama import LlamaModel
+
+    config = ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    model = model.to_empty(device="cpu")
+    linears = step_linears(model)
+    assert len(linears) == 2 * 4 + 1 and linears[-1] is model.lm_head
+    # per layer: qkv 32 -> 64, o 32 -> 32, gate_up 32 -> 96, down 48 -> 32; the head 32 -> 64 on one row
+    per_token = 2 * (32 * 64 + 32 * 32 + 32 * 96 + 48 * 32)
+    assert linear_flops(model, rows=10) == 2 * 10 * per_token + 2 * 32 * 64
+    assert attention_flops(config, 3) == 2 * 2 * 2 * 4 * 8 * 6
+    assert linear_seconds(model, rows=3, repeats=1) > 0

@@ -89,3 +89,19 @@ def test_greedy_batched_matches_hugging_face(llm, hf_greedy, load):
 def test_greedy_one_at_a_time_matches_hugging_face(llm, hf_greedy, load):
     for prompt, expected in zip(PROMPTS, hf_greedy):
         assert llm.generate(prompt, greedy(load))[0].outputs[0].token_ids == expected, prompt
+
+
+@pytest.mark.parametrize("path", ["linear", "transposed", "onednn"])
+def test_greedy_matches_hugging_face_on_every_cpu_linear_path(path, hf_greedy, load, monkeypatch):
+    """Each matrix-product path (solutions/model/cpu_linear.py), forced for every shape: a batched prefill
+    (many rows), batched decode (a few rows) and one-sequence decode (one row) all give HF's tokens."""
+    cpu_linear = load("model.cpu_linear")
+    if not cpu_linear.PATHS[path].supports(torch.float32):
+        pytest.skip(f"{path} is not available in this torch build")
+    monkeypatch.setenv(cpu_linear.FORCE_ENV, path)
+    engine = load("llm").LLM(device="cpu", dtype="float32", max_num_seqs=8, max_model_len=256)
+    assert {m.choices["decode"] for m in engine.engine.model.modules() if isinstance(m, cpu_linear.CpuLinear)} == {path}
+    outputs = engine.generate(PROMPTS, greedy(load))
+    for prompt, output, expected in zip(PROMPTS, outputs, hf_greedy):
+        assert output.outputs[0].token_ids == expected, prompt
+    assert engine.generate(PROMPTS[1], greedy(load))[0].outputs[0].token_ids == hf_greedy[1]

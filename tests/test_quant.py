@@ -119,6 +119,9 @@ def test_quant_linear_cpu_kernel_and_rows(load):
     assert torch.equal(module.rows(ids), w[ids])
     # The kernel applied to the identity gives the weight it actually uses: the same as ``rows`` up to bf16 output.
     assert (module(torch.eye(576)).T - w).abs().max() < 0.02
+    # bfloat16 activations skip the casts and the reshape: the same kernel call, the same numbers
+    assert torch.equal(module(x.bfloat16()), module(x.bfloat16()[None])[0])
+    assert torch.equal(module(x.bfloat16()).float(), module(x.bfloat16().float()).float())
 
 
 # ---------------------------------------------------------------- AWQ on real activations
@@ -230,6 +233,12 @@ def test_quantized_engine_generates_like_float(llm, method):
 
 def test_engine_config_validates_quantization():
     from solutions.config import EngineConfig
+    from solutions.model.cpu_linear import native_bf16
+
+    # "auto": float32 on CPU, except a quantized model on a CPU with native bfloat16 (the int4 kernel's own dtype)
+    assert EngineConfig(device="cpu").dtype == "float32"
+    assert EngineConfig(device="cpu", quantization="rtn").dtype == ("bfloat16" if native_bf16() else "float32")
+    assert EngineConfig(device="cpu", quantization="rtn", dtype="float32").dtype == "float32"
 
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="gptq")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,23 +48,86 @@ def seconds_per_decode_token(run, new_tokens: int, repeats: int) -> list[float]:
     return figures
 
 
+def llama_cpp_runner(threads: int):
+    """A decode runner for llama.cpp on the bundled Q4_1 GGUF (an optional peer), or None if not importable."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from ..model.loader import bundled_model_path
+
+    llama = Llama(str(bundled_model_path()), n_threads=threads, n_ctx=512, verbose=False)
+    ids = llama.tokenize(PROMPT.encode())
+
+    def run(n: int) -> None:
+        llama.reset()
+        for i, _ in enumerate(llama.generate(ids, temp=0.0)):
+            if i + 1 >= n:
+                break
+
+    return run
+
+
+LLAMA_CPP_MISSING = (
+    "llama.cpp peer: llama_cpp not importable (optional: pip install llama-cpp-python, compiles for minutes)"
+)
+
+
+def print_linear_paths(model) -> None:
+    """Which path won per weight shape and regime, and the GB/s (GFLOP/s for prefill) each path reached."""
+    from ..model.cpu_linear import summary
+
+    decisions = getattr(model, "linear_decisions", None)
+    if not decisions:
+        forced = {m.choices["decode"] for m in model.modules() if hasattr(m, "choices")}
+        print(f"linear paths: {', '.join(sorted(forced)) or 'none'} (forced, not measured)")
+        return
+    print("linear path per weight shape (measured at load, cached per machine):")
+    print(f"{'dtype:shape':<18}{'regime':<9}{'winner':<12}each path")
+    for line in summary(decisions):
+        print(line)
+
+
+def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
+    """Median time to first token of one prompt (prefill + one sampled token)."""
+    from ..engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm.generate(prompt_ids[:64], params)  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        llm.generate(prompt_ids, params)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions bench decode", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-weights row")
     args = parser.parse_args(argv)
 
     from ..engine.sampling_params import SamplingParams
     from ..llm import LLM
+    from ..model.cpu_linear import PATHS
     from ..model.loader import bundled_model_path
     from .roofline import decode_bytes_per_token, measure_read_bandwidth
+    from .step_split import attention_flops, gemm_flops, linear_flops, linear_seconds
 
     dtype = getattr(torch, args.dtype)
-    llm = LLM(device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=args.tokens + 64)
-    ours = lambda n: llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    runs = {"fast-mode engine": ours}
+    max_len = max(args.tokens, args.prefill_tokens) + 64
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    llm = LLM(device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len)
+    runs = {f"fast-mode engine {args.dtype}": lambda n: llm.generate(PROMPT, greedy(n))}
+    bf16 = None
+    if args.dtype == "float32" and not args.no_bf16 and PATHS["onednn"].supports(torch.bfloat16):
+        bf16 = LLM(device="cpu", dtype="bfloat16", max_num_seqs=1, max_model_len=max_len)
+        runs["fast-mode engine bfloat16"] = lambda n: bf16.generate(PROMPT, greedy(n))
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
@@ -73,17 +137,64 @@ def main(argv: list[str] | None = None) -> int:
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
         ids = torch.tensor([llm.tokenizer.encode(PROMPT)])
         runs["HF transformers generate"] = lambda n: _hf_generate(hf_model, ids, n)
+    peer = llama_cpp_runner(torch.get_num_threads())
+    if peer is not None:
+        runs["llama.cpp Q4_1 (peer)"] = peer
     speeds = decode_speeds(runs, args.tokens, args.repeats)
+
+    model = llm.engine.model
     bandwidth = measure_read_bandwidth()
-    weight_bytes = decode_bytes_per_token(llm.engine.model)
+    weight_bytes = decode_bytes_per_token(model)
     roofline = bandwidth / weight_bytes
-    print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, weights {args.dtype}")
+    step_linears_s = linear_seconds(model, rows=1)
+    text = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_luke_1-12.txt"
+    prompt_ids = llm.tokenizer.encode(text.read_text())[: args.prefill_tokens]
+    prefill_s = prefill_seconds(llm, prompt_ids, max(1, args.repeats - 1))
+    gemm = gemm_flops(model, rows=len(prompt_ids))
+    prefill_linear_flops = linear_flops(model, len(prompt_ids))
+    prefill_attention_flops = attention_flops(llm.engine.model_config, len(prompt_ids))
+
+    print(f"machine: {_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print_linear_paths(model)
     print(f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s")
-    print(f"weight bytes read per decode token: {weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s")
-    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}:")
-    print(f"{'engine':<26}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
+    print(
+        f"weight bytes read per decode token ({args.dtype}): {weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
+    )
+    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:")
+    print(f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
     hf_speed = speeds.get("HF transformers generate")
     for name, speed in speeds.items():
         vs_hf = f"{speed / hf_speed:.2f}x" if hf_speed else "-"
-        print(f"{name:<26}{speed:>10.1f}{1e3 / speed:>10.1f}{speed / roofline:>12.0%}{vs_hf:>8}")
+        own_roofline = roofline
+        if name.endswith("bfloat16") and bf16 is not None:
+            own_roofline = bandwidth / decode_bytes_per_token(bf16.engine.model)
+        share = f"{speed / own_roofline:>12.0%}" if "llama.cpp" not in name else f"{'-':>12}"
+        print(f"{name:<30}{speed:>10.1f}{1e3 / speed:>10.1f}{share} {vs_hf:>7}")
+    if peer is None:
+        print(LLAMA_CPP_MISSING)
+    step_s = 1 / speeds[f"fast-mode engine {args.dtype}"]
+    print(
+        f"decode step split ({args.dtype}): {step_s * 1e3:.1f} ms = weight reads (the linears alone) "
+        f"{step_linears_s * 1e3:.1f} ms ({weight_bytes / step_linears_s / 1e9:.1f} GB/s) + everything else "
+        f"{(step_s - step_linears_s) * 1e3:.1f} ms; a roofline step is {1e3 / roofline:.1f} ms"
+    )
+    achieved = (prefill_linear_flops + prefill_attention_flops) / prefill_s
+    print(
+        f"prefill of {len(prompt_ids)} tokens: {prefill_s:.2f} s = {len(prompt_ids) / prefill_s:.0f} tokens/s, "
+        f"{achieved / 1e9:.0f} GFLOP/s (linears {prefill_linear_flops / 1e9:.0f} + attention "
+        f"{prefill_attention_flops / 1e9:.0f} GFLOP) vs the linears alone at {len(prompt_ids)} rows: "
+        f"{gemm / 1e9:.0f} GFLOP/s -> {achieved / gemm:.0%} of measured GEMM FLOP/s"
+    )
+    ours = speeds[f"fast-mode engine {args.dtype}"]
+    goals = [f"decode {ours / roofline:.0%} of roofline (goal >= 60%)"]
+    if hf_speed:
+        goals.append(f"{ours / hf_speed:.2f}x HF (goal >= 2x)")
+    goals.append(f"prefill {achieved / gemm:.0%} of GEMM FLOP/s (goal >= 60%)")
+    print("goals: " + "; ".join(goals))
     return 0
+
+
+def _cpu_name() -> str:
+    from ..model.cpu_linear import machine_key
+
+    return str(machine_key()["cpu"])

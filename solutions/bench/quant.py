@@ -15,30 +15,17 @@ from pathlib import Path
 
 import torch
 
-from .decode import PROMPT, decode_speeds
+from .decode import LLAMA_CPP_MISSING, PROMPT, _cpu_name, decode_speeds, llama_cpp_runner
+from .step_split import linear_seconds
 
-EVAL_TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_luke_1-12.txt"
+TEXT_DIR = Path(__file__).resolve().parents[2] / "data" / "text"
+# Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
+EVAL_TEXTS = {
+    "Luke (KJV)": TEXT_DIR / "kjv_luke_1-12.txt",
+    "Python reference": TEXT_DIR / "eval_python_reference.txt",
+    "Python code": TEXT_DIR / "eval_python_code.txt",
+}
 SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
-
-
-def _llama_cpp_runner(threads: int):
-    """A decode runner for llama.cpp on the bundled Q4_1 file, or None when llama-cpp-python is absent."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    from ..model.loader import bundled_model_path
-
-    llama = Llama(str(bundled_model_path()), n_threads=threads, n_ctx=512, verbose=False)
-    ids = llama.tokenize(PROMPT.encode())
-
-    def run(n: int) -> None:
-        llama.reset()
-        for i, _ in enumerate(llama.generate(ids, temp=0.0)):
-            if i + 1 >= n:
-                break
-
-    return run
 
 
 def _gpu_table(w_bit: int, group_size: int) -> None:
@@ -66,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions bench quant", description=__doc__.splitlines()[0])
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--ppl-tokens", type=int, default=None, help="score only the first N tokens (default: all)")
+    parser.add_argument("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")
+    parser.add_argument(
+        "--activations", default="auto", choices=["auto", "float32", "bfloat16"], help="INT4 engines' activation dtype"
+    )
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per decode measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -79,39 +69,67 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     quant = dict(w_bit=args.w_bit, group_size=args.group_size)
+    activations = {"fp32": "float32", "RTN": args.activations, "AWQ": args.activations}
     llms = {
         name: LLM(
-            device="cpu", dtype="float32", max_num_seqs=1, max_model_len=args.tokens + 64, quantization=method, **quant
+            device="cpu",
+            dtype=activations[name],
+            max_num_seqs=1,
+            max_model_len=args.tokens + 64,
+            quantization=method,
+            **quant,
         )
         for name, method in SETTINGS.items()
     }
     fp16_bytes = 2 * sum(p.numel() for p in llms["fp32"].engine.model.parameters())
-    ids = torch.tensor(llms["fp32"].tokenizer.encode(EVAL_TEXT.read_text())[: args.ppl_tokens])
-    ppl = {name: perplexity(llm.engine.model, ids) for name, llm in llms.items()}
+    encode = llms["fp32"].tokenizer.encode
+    texts = {label: torch.tensor(encode(path.read_text())[: args.ppl_tokens]) for label, path in EVAL_TEXTS.items()}
+    ppl = {
+        (label, name): perplexity(llm.engine.model, ids) for label, ids in texts.items() for name, llm in llms.items()
+    }
 
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     runs = {name: (lambda n, llm=llm: llm.generate(PROMPT, greedy(n))) for name, llm in llms.items()}
-    peer = _llama_cpp_runner(args.threads)
+    peer = llama_cpp_runner(args.threads)
     if peer is not None:
         runs["llama.cpp Q4_1 (peer)"] = peer
     speeds = decode_speeds(runs, args.tokens, args.repeats)
+    awq_model = llms["AWQ"].engine.model
+    awq_linears_s = linear_seconds(awq_model, rows=1)
 
-    print(f"machine: {args.threads} CPU threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}")
-    print(f"perplexity: {EVAL_TEXT.name}, first {len(ids)} tokens, windows of 512")
-    print(f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}")
+    print(
+        f"machine: {_cpu_name()}, {args.threads} threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}"
+    )
+    print(f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)")
     print("'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared with)")
-    print(f"{'setting':<24}{'perplexity':>11}{'gap':>8}{'weight MB':>11}{'vs fp16':>9}{'tokens/s':>10}{'vs fp32':>9}")
+    print(
+        f"perplexity, first {args.ppl_tokens} tokens of each text, windows of 512 (none of them used in calibration):"
+    )
+    print(f"{'text':<20}{'fp32':>9}{'RTN':>9}{'AWQ':>9}{'RTN gap':>9}{'AWQ gap':>9}{'AWQ/RTN':>9}")
+    for label in texts:
+        fp32, rtn, awq = (ppl[(label, name)] for name in SETTINGS)
+        ratio = (awq - fp32) / (rtn - fp32) if rtn != fp32 else float("nan")
+        print(f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}")
+    print("goal: AWQ's gap <= 0.5 of RTN's on each text (paper, Llama-2-7B g128: 0.50)")
+    print(f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}, engines alternating")
+    print(f"{'setting':<24}{'weight MB':>11}{'vs fp16':>9}{'tokens/s':>10}{'vs fp32':>9}")
     for name, speed in speeds.items():
         if name in llms:
             nbytes = weight_bytes(llms[name].engine.model)
-            row = f"{ppl[name]:>11.3f}{ppl[name] - ppl['fp32']:>+8.3f}{nbytes / 1e6:>11.1f}{nbytes / fp16_bytes:>8.2f}x"
+            row = f"{nbytes / 1e6:>11.1f}{nbytes / fp16_bytes:>8.2f}x"
         else:
-            row = f"{'-':>11}{'-':>8}{'-':>11}{'-':>9}"
+            row = f"{'-':>11}{'-':>9}"
         print(f"{name:<24}{row}{speed:>10.1f}{speed / speeds['fp32']:>8.2f}x")
     if peer is None:
-        print("llama.cpp peer: not installed (pip install llama-cpp-python builds it in a few minutes)")
-    gap = {k: ppl[k] - ppl["fp32"] for k in ("RTN", "AWQ")}
-    print(f"AWQ's perplexity gap is {gap['AWQ'] / gap['RTN']:.2f} of RTN's (goal <= 0.5; paper, Llama-2-7B g128: 0.50)")
+        print(LLAMA_CPP_MISSING)
+    else:
+        print(f"AWQ INT4 vs llama.cpp Q4_1: {speeds['AWQ'] / speeds['llama.cpp Q4_1 (peer)']:.2f}x (goal >= 1)")
+    step = 1 / speeds["AWQ"]
+    nbytes = weight_bytes(awq_model)
+    print(
+        f"AWQ decode step: {step * 1e3:.1f} ms = INT4 linears alone {awq_linears_s * 1e3:.1f} ms "
+        f"({nbytes / awq_linears_s / 1e9:.1f} GB/s of packed weights) + everything else {(step - awq_linears_s) * 1e3:.1f} ms"
+    )
     if torch.cuda.is_available():
         _gpu_table(args.w_bit, args.group_size)
     return 0

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..kernels.attention import gqa_attention
 from .config import ModelConfig, RopeScaling
+from .cpu_linear import use_fastest_linears
 from .moe import MoEMLP, moe_weight_sources, stacked_experts
 
 
@@ -221,7 +222,10 @@ class LlamaModel(nn.Module):
                 config.head_dim, config.rope_theta, config.max_position_embeddings, device, config.rope_scaling
             )
         )
-        return model.eval().requires_grad_(False)
+        model = model.eval().requires_grad_(False)
+        if torch.device(device).type == "cpu":
+            use_fastest_linears(model)  # each linear runs the matrix product measured fastest on this CPU
+        return model
 
 
 def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:

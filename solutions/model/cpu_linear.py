@@ -1,0 +1,374 @@
+"""The CPU matrix product each linear layer runs, chosen by measurement on this machine.
+
+A decode step is a chain of matrix-vector products, and which of torch's CPU routes streams the
+weights fastest depends on the CPU: on an Intel Xeon eager ``F.linear`` (MKL) reads about 25 GB/s,
+on an AMD EPYC the same call reads about 10 GB/s while oneDNN's prepacked product reads about 20.
+So nothing is assumed: for each weight shape of the model and each regime of rows per call
+(``decode``: 1 row; ``batch``: a few sequences decoding together; ``prefill``: a prompt's tokens),
+every candidate path is timed on the model's own weights and the fastest one is kept.
+
+Candidate paths (each stores the weight in the layout it needs):
+
+- ``linear``: eager ``F.linear`` over the ``[out, in]`` weight (MKL's GEMV/GEMM on x86).
+- ``transposed``: ``x @ W_t`` over a contiguous ``[in, out]`` copy.
+- ``onednn``: oneDNN's linear over a weight reordered once into its blocked layout
+  (``mkldnn._reorder_linear_weight``; the route ``torch.compile``'s CPU backend takes).
+
+Not candidates, measured and left out: ``torch.compile`` of a linear (about 9 GB/s on the AMD machine,
+and seconds of compilation per shape at every load) and MKL's packed GEMM (``mkl._mkl_linear``: a
+fixed batch size and two copies of the weight, slower than oneDNN where measured).
+
+The decision is cached per machine in ``cache_dir()/cpu_linear.json``, keyed by the CPU (model name
+and a hash of its feature flags), torch's version and thread count, and the candidate list; a cache
+that is missing, unreadable, malformed or made on another machine is ignored and measured again.
+Decisions measured while the machine was busy (load average above the CPU count) are marked, and
+measured again by the first load that finds the machine quiet.
+``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
+
+Invariant: every path computes ``F.linear(x, weight, bias)`` (same math, different summation order).
+The ``weight`` Parameter stays the ``[out, in]`` tensor it was, so code that reads or edits it keeps
+working; a path's own layout is made from it on first use and remade if the weight is edited in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CACHE_VERSION = 1
+CACHE_FILE = "cpu_linear.json"
+FORCE_ENV = "FASTMODE_CPU_LINEAR"
+REGIMES = {"decode": 1, "batch": 8, "prefill": 128}  # rows per call each regime is timed at
+PREFILL_ROWS = 64  # a call with this many rows or more uses the prefill choice; 2..63 the batch choice
+WORKING_SET_BYTES = 96 << 20  # weights cycled through per timing: larger than the L3 caches of common CPUs
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class LinearPath:
+    """One way to compute ``x @ W^T + b``: ``store`` makes the layout from the ``[out, in]`` weight once,
+    ``apply(x2d, stored, bias)`` runs on a contiguous ``[rows, in]`` input."""
+
+    name: str
+    store: Callable[[torch.Tensor], torch.Tensor]
+    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    supports: Callable[[torch.dtype], bool]
+
+
+def _transposed_apply(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), as oneDNN reports it."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def _onednn_supports(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
+
+
+PATHS: dict[str, LinearPath] = {
+    path.name: path
+    for path in (
+        LinearPath("linear", lambda w: w, lambda x, w, b: F.linear(x, w, b), lambda dtype: True),
+        LinearPath("transposed", lambda w: w.t().contiguous(), _transposed_apply, lambda dtype: True),
+        LinearPath(
+            "onednn",
+            lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None),
+            lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""),
+            _onednn_supports,
+        ),
+    )
+}
+
+
+class CpuLinear(nn.Linear):
+    """``nn.Linear`` that runs the path chosen for its shape in each regime (``choices``: regime -> path name)."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, choices: dict[str, str]):
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, bias
+        unknown = set(choices.values()) - PATHS.keys()
+        if set(choices) != REGIMES.keys() or unknown:
+            raise ValueError(f"choices must name a path for each of {list(REGIMES)}; got {choices}")
+        self.choices = dict(choices)
+        self._stored: dict[str, tuple[int, torch.Tensor]] = {}  # path -> (weight version it was made at, layout)
+        self._decode, self._batch, self._prefill = (PATHS[choices[r]] for r in REGIMES)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, choices: dict[str, str]) -> CpuLinear:
+        """Wrap ``linear``'s own weight and bias Parameters (shared, not copied)."""
+        return cls(linear.weight, linear.bias, choices)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        path = self._decode if rows == 1 else self._batch if rows < PREFILL_ROWS else self._prefill
+        if path.name == "linear":
+            return F.linear(x, self.weight, self.bias)
+        out = path.apply(x.reshape(rows, self.in_features).contiguous(), self.stored(path.name), self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def stored(self, path: str) -> torch.Tensor:
+        """The weight in ``path``'s layout, made on first use and remade after an in-place edit of ``weight``."""
+        version = self.weight._version
+        entry = self._stored.get(path)
+        if entry is None or entry[0] != version:
+            with torch.no_grad():
+                entry = (version, PATHS[path].store(self.weight.detach()))
+            self._stored[path] = entry
+        return entry[1]
+
+    def extra_repr(self) -> str:
+        picks = ", ".join(f"{regime}: {path}" for regime, path in self.choices.items())
+        return f"{super().extra_repr()}, {picks}"
+
+
+# ---- the decision cache ---------------------------------------------------------------------------
+
+
+def machine_key() -> dict[str, object]:
+    """What a decision depends on: the CPU, torch's build and threads, and the candidate list."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = info.get("model name") or platform.processor() or platform.machine()
+    flags = info.get("flags") or info.get("Features", "")
+    return {
+        "cache_version": CACHE_VERSION,
+        "cpu": model,
+        "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "paths": sorted(PATHS),
+        "regimes": REGIMES,
+    }
+
+
+def cache_path() -> Path:
+    from .loader import cache_dir
+
+    return cache_dir() / CACHE_FILE
+
+
+def shape_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')}:{out_features}x{in_features}"
+
+
+def _valid_entry(entry: object) -> bool:
+    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every regime, with known names."""
+    if not isinstance(entry, dict) or set(entry) != REGIMES.keys():
+        return False
+    for pick in entry.values():
+        if not isinstance(pick, dict) or pick.get("path") not in PATHS or not isinstance(pick.get("us"), dict):
+            return False
+        if pick["path"] not in pick["us"]:
+            return False
+        if not all(name in PATHS and isinstance(v, int | float) and v > 0 for name, v in pick["us"].items()):
+            return False
+    return True
+
+
+def read_decisions(path: Path | None = None) -> dict[str, dict]:
+    """The cached decisions for this machine, or ``{}`` if the file is missing, unreadable, malformed or stale."""
+    path = path or cache_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("machine") != json.loads(json.dumps(machine_key())):
+        return {}
+    decisions = data.get("decisions")
+    if not isinstance(decisions, dict):
+        return {}
+    return {key: entry for key, entry in decisions.items() if _valid_entry(entry)}
+
+
+def machine_busy() -> bool:
+    """Whether other work competes for the CPUs now (1-minute load average above the CPU count)."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
+def noisy_keys(path: Path | None = None) -> set[str]:
+    """Shape keys whose decision was measured while the machine was busy (to re-measure when it is quiet)."""
+    try:
+        noisy = json.loads((path or cache_path()).read_text()).get("measured_busy", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {key for key in noisy if isinstance(key, str)} if isinstance(noisy, list) else set()
+
+
+def write_decisions(decisions: dict[str, dict], path: Path | None = None, busy: Iterable[str] = ()) -> None:
+    """Write atomically (a crash never leaves half a file); an unwritable cache directory is not an error.
+
+    ``busy`` names the decisions measured on a busy machine: a later load on a quiet one measures them again.
+    """
+    path = path or cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        content = {"machine": machine_key(), "decisions": decisions, "measured_busy": sorted(busy)}
+        partial.write_text(json.dumps(content, indent=1))
+        partial.replace(path)
+    except OSError:
+        pass
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
+
+def _seconds_per_call(calls: list[Callable[[], object]]) -> float:
+    start = time.perf_counter()
+    for call in calls:
+        call()
+    return (time.perf_counter() - start) / len(calls)
+
+
+@torch.no_grad()
+def measure_shape(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, dict]:
+    """Time every supported path on ``weights`` (same shape and dtype) in each regime: ``{regime: {path, us}}``,
+    the winner's name and every path's microseconds per call.
+
+    The weights are cycled through (up to ``WORKING_SET_BYTES``, at least two) so that each call reads
+    its weight from memory, as a decode step does, not from a cache that the previous call warmed.
+    Rounds alternate between the paths and each path keeps its fastest round, so a burst of load from
+    other processes does not decide. A path whose output differs from ``F.linear``'s is dropped.
+    """
+    k, dtype = weights[0].shape[1], weights[0].dtype
+    count = max(2, min(len(weights), WORKING_SET_BYTES // max(1, weights[0].nbytes)))
+    generator = torch.Generator().manual_seed(0)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    entry = {}
+    for regime, rows in REGIMES.items():
+        # Prefill is compute-bound: two weights suffice there, and keep the measurement short.
+        pool = [weights[i % len(weights)] for i in range(2 if regime == "prefill" else count)]
+        x = torch.randn(rows, k, generator=generator).to(dtype)
+        expected = F.linear(x, pool[0]).float()
+        calls: dict[str, list[Callable[[], object]]] = {}
+        for name, path in PATHS.items():
+            if not path.supports(dtype):
+                continue
+            try:
+                stored = [path.store(w) for w in pool]
+                got = path.apply(x, stored[0], None).float()
+            except RuntimeError:
+                continue  # this build or CPU cannot run the path
+            if got.shape != expected.shape or (got - expected).norm() > tolerance * expected.norm():
+                continue
+            calls[name] = [lambda s=s, path=path, x=x: path.apply(x, s, None) for s in stored]
+            _seconds_per_call(calls[name])  # warm up: first-call set-up, page faults
+        best = {name: float("inf") for name in calls}
+        for _ in range(rounds):
+            for name, fns in calls.items():
+                best[name] = min(best[name], _seconds_per_call(fns))
+        entry[regime] = {"path": min(best, key=best.get), "us": {name: round(t * 1e6, 2) for name, t in best.items()}}
+    return entry
+
+
+def choose_paths(
+    weights_by_shape: dict[tuple[int, int, torch.dtype], list[torch.Tensor]], use_cache: bool = True
+) -> dict[str, dict]:
+    """Decisions for every shape: from the cache where it has them, measured (and cached) where not."""
+    decisions = read_decisions() if use_cache else {}
+    busy = noisy_keys() & decisions.keys() if use_cache else set()
+    busy_now = machine_busy()
+    if not busy_now:  # decisions taken under load are noise: retake them now that the machine is quiet
+        for key in busy:
+            del decisions[key]
+        busy = set()
+    missing = {shape_key(*shape): ws for shape, ws in weights_by_shape.items() if shape_key(*shape) not in decisions}
+    for key, weights in missing.items():
+        decisions[key] = measure_shape(weights)
+        if busy_now:
+            busy.add(key)
+    if missing and use_cache:
+        write_decisions(decisions, busy=busy)
+    return decisions
+
+
+def forced_choices() -> dict[str, str] | None:
+    """``{regime: path}`` from ``$FASTMODE_CPU_LINEAR``, or None when unset. Raises on an unknown name."""
+    name = os.environ.get(FORCE_ENV)
+    if not name:
+        return None
+    if name not in PATHS:
+        raise ValueError(f"${FORCE_ENV} must be one of {sorted(PATHS)}, got {name!r}")
+    return dict.fromkeys(REGIMES, name)
+
+
+def _linears(model: nn.Module) -> Iterable[tuple[nn.Module, str, nn.Linear]]:
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if type(child) is nn.Linear or isinstance(child, CpuLinear):
+                yield parent, child_name, child
+
+
+def use_fastest_linears(model: nn.Module, use_cache: bool = True) -> dict[str, dict]:
+    """Replace every ``nn.Linear`` of a CPU ``model`` by a ``CpuLinear`` running the measured fastest paths.
+
+    Returns the decisions used (shape key -> ``{regime: {path, us}}``), also kept as
+    ``model.linear_decisions`` for reports. Weights are shared, not copied; ties survive.
+    """
+    linears = list(_linears(model))
+    forced = forced_choices()
+    decisions: dict[str, dict] = {}
+    if forced is None:
+        by_shape: dict[tuple[int, int, torch.dtype], list[torch.Tensor]] = {}
+        seen = set()
+        for _, _, linear in linears:
+            if linear.weight.data_ptr() not in seen:
+                seen.add(linear.weight.data_ptr())
+                by_shape.setdefault((*linear.weight.shape, linear.weight.dtype), []).append(linear.weight.detach())
+        decisions = choose_paths(by_shape, use_cache)
+    for parent, child_name, linear in linears:
+        key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
+        choices = forced or {regime: pick["path"] for regime, pick in decisions[key].items()}
+        setattr(parent, child_name, CpuLinear.from_linear(linear, choices))
+    model.linear_decisions = decisions
+    return decisions
+
+
+def parse_shape_key(key: str) -> tuple[str, int, int]:
+    dtype, _, shape = key.partition(":")
+    out_features, in_features = (int(v) for v in shape.split("x"))
+    return dtype, out_features, in_features
+
+
+def rates(key: str, regime: str, us: float) -> tuple[float, float]:
+    """(GB/s of weight read, GFLOP/s) of one call of ``us`` microseconds for shape ``key`` in ``regime``."""
+    dtype, n, k = parse_shape_key(key)
+    element = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return n * k * element / us / 1e3, 2 * REGIMES[regime] * n * k / us / 1e3
+
+
+def summary(decisions: dict[str, dict]) -> list[str]:
+    """One line per shape and regime: the winner, then each path's GB/s (decode, batch) or GFLOP/s (prefill)."""
+    lines = []
+    for key, entry in decisions.items():
+        for regime, pick in entry.items():
+            unit = 1 if regime == "prefill" else 0
+            figures = "  ".join(
+                f"{name} {rates(key, regime, us)[unit]:6.1f}" for name, us in sorted(pick["us"].items())
+            )
+            lines.append(f"{key:<18}{regime:<9}{pick['path']:<12}{figures} {'GFLOP/s' if unit else 'GB/s'}")
+    return lines

@@ -1,0 +1,163 @@
+"""The measured CPU linear paths: each computes F.linear's output, and the decision cache is never trusted blindly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solutions.model import cpu_linear
+from solutions.model.cpu_linear import PATHS, REGIMES, CpuLinear
+
+AWKWARD_SHAPES = [(1, 1), (7, 13), (65, 33), (3, 130), (960, 576), (49, 1536)]
+
+
+def supported_paths(dtype=torch.float32):
+    return [name for name, path in PATHS.items() if path.supports(dtype)]
+
+
+@pytest.mark.parametrize("path", supported_paths())
+@pytest.mark.parametrize("out_features,in_features", AWKWARD_SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+@torch.no_grad()
+def test_every_path_computes_f_linear(path, out_features, in_features, bias):
+    generator = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=generator))
+        if bias:
+            linear.bias.copy_(torch.randn(out_features, generator=generator))
+    layer = CpuLinear.from_linear(linear, dict.fromkeys(REGIMES, path))
+    # one row (decode), a few (batch), many (prefill), and a 3-D input with a non-contiguous view
+    for shape in [(1, in_features), (5, in_features), (70, in_features), (2, 3, in_features)]:
+        x = torch.randn(*shape, generator=generator)
+        expected = F.linear(x.double(), linear.weight.double(), None if not bias else linear.bias.double())
+        with torch.inference_mode():
+            got = layer(x)
+        assert got.shape == expected.shape
+        rel = float((got.double() - expected).norm() / expected.norm())
+        assert rel < 1e-5, f"{path} on {out_features}x{in_features}, input {shape}: relative error {rel:.1e}"
+    strided = torch.randn(in_features, 4, generator=generator).t()
+    assert torch.allclose(layer(strided), F.linear(strided, linear.weight, linear.bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", [p for p in supported_paths() if p != "linear"])
+def test_a_path_remakes_its_layout_after_the_weight_is_edited_in_place(path):
+    linear = torch.nn.Linear(16, 8, bias=False)
+    layer = CpuLinear.from_linear(linear, dict.fromkeys(REGIMES, path))
+    x = torch.randn(1, 16)
+    with torch.no_grad():
+        layer(x)
+        linear.weight.mul_(2)
+        assert torch.allclose(layer(x), F.linear(x, linear.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_choices_must_name_known_paths_for_every_regime():
+    linear = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="choices"):
+        CpuLinear.from_linear(linear, {"decode": "linear"})
+    with pytest.raises(ValueError, match="choices"):
+        CpuLinear.from_linear(linear, dict.fromkeys(REGIMES, "magic"))
+
+
+def test_forcing_an_unknown_path_is_an_error(monkeypatch):
+    monkeypatch.setenv(cpu_linear.FORCE_ENV, "magic")
+    with pytest.raises(ValueError, match="FASTMODE_CPU_LINEAR"):
+        cpu_linear.forced_choices()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache directory for this test, and no forced path."""
+    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))
+    monkeypatch.delenv(cpu_linear.FORCE_ENV, raising=False)
+    return tmp_path / cpu_linear.CACHE_FILE
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 24, bias=False), torch.nn.Linear(24, 32, bias=False))
+
+
+def test_a_missing_cache_is_measured_and_written(cache):
+    model = tiny_model()
+    decisions = cpu_linear.use_fastest_linears(model)
+    assert set(decisions) == {"float32:24x32", "float32:32x24"}
+    assert all(isinstance(m, CpuLinear) for m in model)
+    assert cpu_linear.read_decisions(cache) == decisions
+    for entry in decisions.values():
+        for pick in entry.values():
+            assert pick["path"] in supported_paths() and set(pick["us"]) == set(supported_paths())
+
+
+def fake_decisions(path: str) -> dict:
+    us = dict.fromkeys(PATHS, 1.0)
+    return {key: {r: {"path": path, "us": us} for r in REGIMES} for key in ("float32:24x32", "float32:32x24")}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{ not json",
+        "[]",
+        json.dumps({"machine": "x", "decisions": {}}),
+        # a well-formed file from another machine (here: another torch version) is stale
+        json.dumps({"machine": {**cpu_linear.machine_key(), "torch": "0.0.1"}, "decisions": fake_decisions("linear")}),
+    ],
+    ids=["not-json", "not-an-object", "wrong-schema", "stale"],
+)
+def test_a_corrupt_or_stale_cache_is_ignored_and_rebuilt(cache, content, monkeypatch):
+    cache.write_text(content)
+    assert cpu_linear.read_decisions(cache) == {}
+    measured = []
+    real_measure = cpu_linear.measure_shape
+    monkeypatch.setattr(cpu_linear, "measure_shape", lambda ws, **kw: measured.append(ws[0].shape) or real_measure(ws))
+    decisions = cpu_linear.use_fastest_linears(tiny_model())
+    assert len(measured) == 2
+    assert cpu_linear.read_decisions(cache) == decisions  # rewritten, for this machine
+
+
+def test_entries_naming_unknown_paths_are_dropped_and_remeasured(cache):
+    bad = fake_decisions("magic")
+    cache.write_text(json.dumps({"machine": cpu_linear.machine_key(), "decisions": bad}))
+    assert cpu_linear.read_decisions(cache) == {}
+    good = fake_decisions("linear")
+    cache.write_text(json.dumps({"machine": cpu_linear.machine_key(), "decisions": good}))
+    assert cpu_linear.read_decisions(cache) == good  # a valid cache for this machine is used as it is
+    model = tiny_model()
+    cpu_linear.use_fastest_linears(model)
+    assert all(m.choices == dict.fromkeys(REGIMES, "linear") for m in model)
+
+
+def test_forced_path_skips_measuring(cache, monkeypatch):
+    monkeypatch.setenv(cpu_linear.FORCE_ENV, "transposed")
+    monkeypatch.setattr(cpu_linear, "measure_shape", lambda *a, **k: pytest.fail("measured although forced"))
+    model = tiny_model()
+    cpu_linear.use_fastest_linears(model)
+    assert all(m.choices == dict.fromkeys(REGIMES, "transposed") for m in model)
+    assert not cache.exists()
+
+
+def test_a_tied_weight_stays_tied():
+    embedding = torch.nn.Embedding(10, 4)
+    model = torch.nn.Module()
+    model.embed_tokens, model.lm_head = embedding, torch.nn.Linear(4, 10, bias=False)
+    model.lm_head.weight = embedding.weight
+    cpu_linear.use_fastest_linears(model, use_cache=False)
+    assert isinstance(model.lm_head, CpuLinear) and model.lm_head.weight is model.embed_tokens.weight
+
+
+def test_decisions_taken_on_a_busy_machine_are_retaken_when_it_is_quiet(cache, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "machine_busy", lambda: True)
+    cpu_linear.use_fastest_linears(tiny_model())
+    assert cpu_linear.noisy_keys(cache) == {"float32:24x32", "float32:32x24"}
+    measured = []
+    real_measure = cpu_linear.measure_shape
+    monkeypatch.setattr(cpu_linear, "measure_shape", lambda ws, **kw: measured.append(1) or real_measure(ws))
+    cpu_linear.use_fastest_linears(tiny_model())  # still busy: the cached (noisy) decisions are used
+    assert measured == []
+    monkeypatch.setattr(cpu_linear, "machine_busy", lambda: False)
+    cpu_linear.use_fastest_linears(tiny_model())
+    assert len(measured) == 2 and cpu_linear.noisy_keys(cache) == set()
