@@ -195,12 +195,14 @@ def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
     assert via_triton == llm.generate("The capital of France is", params)[0].outputs[0].token_ids
 
 
-def test_engine_option_selects_the_triton_prefill(load, fa, monkeypatch):
-    """``LLM(attention_backend="triton")`` reaches the kernel under test through the runner, not only the env var."""
+def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
+    """``LLM(attention_backend="triton")`` runs the paged Triton kernel, built on the online-softmax step under test."""
+    paged = load("kernels.paged_attention")
+    assert paged._online_softmax_step is fa._online_softmax_step, "the paged kernel must use Lab 1's step"
     monkeypatch.delenv("FASTMODE_ATTENTION", raising=False)
     calls = []
-    real = fa.flash_attention
-    monkeypatch.setattr(fa, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = paged.paged_attention
+    monkeypatch.setattr(paged, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     llm = load("llm").LLM(device="cpu", attention_backend="triton", max_model_len=64)
     llm.generate("Hello there, friend", load("engine.sampling_params").SamplingParams(max_tokens=2))
-    assert len(calls) == 30, f"the kernel under test ran {len(calls)} times in prefill; one call per layer is 30"
+    assert calls and len(calls) % 30 == 0, f"the Triton kernel ran {len(calls)} times; one call per layer and step"

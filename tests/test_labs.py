@@ -113,6 +113,12 @@ def test_labs_engine_runs_on_the_learners_modules():
     assert Path(awq.__file__).is_relative_to(ROOT / "labs")
     assert Path(quant_model.__file__).is_relative_to(ROOT / "solutions")
 
+    engine = importlib.import_module("labs.engine.engine")
+    manager = importlib.import_module("labs.cache.kv_cache_manager")
+    assert engine.KVCacheManager is manager.KVCacheManager, "the labs engine must run the learner's KV-cache manager"
+    assert Path(manager.__file__).is_relative_to(ROOT / "labs")
+    assert Path(engine.__file__).is_relative_to(ROOT / "solutions")
+
 
 def free_port() -> int:
     with socket.socket() as s:

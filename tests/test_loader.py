@@ -13,7 +13,7 @@ from solutions.model.config import ModelConfig
 from solutions.model.llama import LlamaModel
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1", "Q4_0"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1", "Q4_0", "BF16"])
 def test_dequantize_matches_the_gguf_package(type_name):
     """Our vectorized torch dequantization against the gguf package's own numpy implementation."""
     from gguf import GGMLQuantizationType

@@ -17,6 +17,8 @@ weights in four matrix-vector products.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import gqa_attention
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 
 
 class Attend(Protocol):
@@ -41,13 +43,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     raise NotImplementedError("Lab 0: y = x / RMS(x) * weight over the last dim; compute in float32, return x's dtype (hints: make hint LAB=0)")
 
 
-def rope_tables(head_dim: int, theta: float, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``[max_positions, head_dim]`` for rotate-half RoPE.
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
+) -> torch.Tensor:
+    """RoPE's ``head_dim / 2`` inverse frequencies ``theta ** (-2i / head_dim)``, rescaled as ``scaling`` says.
 
-    Frequency ``i`` (of ``head_dim / 2``) is ``theta ** (-2i / head_dim)``; each is repeated for both
-    halves of the head, matching Hugging Face's layout.
+    Computed in float32 with Hugging Face's own operations, so the tables match its to the last bit.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if scaling is None or scaling.rope_type == "dynamic":  # dynamic NTK is the default up to max_position_embeddings
+        return inv_freq
+    if scaling.freq_factors is not None:  # a GGUF's rope_freqs: llama.cpp divides each frequency by its factor
+        factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {factors.numel()} factors, the model has {inv_freq.numel()} frequencies")
+        return inv_freq / factors
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between the two.
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    context = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    slowed = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * slowed / factor + smooth * slowed
+    is_medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+    return torch.where(is_medium, blended, slowed)
+
+
+def rope_tables(
+    head_dim: int, theta: float, max_positions: int, device=None, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[max_positions, head_dim]`` for rotate-half RoPE.
+
+    Frequency ``i`` (of ``head_dim / 2``) is ``theta ** (-2i / head_dim)`` (rescaled by ``scaling``:
+    linear, llama3, or a GGUF's per-frequency factors); each is repeated for both halves of the head,
+    matching Hugging Face's layout.
+    """
+    inv_freq = rope_inverse_frequencies(head_dim, theta, scaling, device)
     angles = torch.arange(max_positions, device=device).float()[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -151,48 +184,99 @@ class LlamaModel(nn.Module):
 
     @classmethod
     def from_state_dict(
-        cls, config: ModelConfig, state_dict: dict[str, torch.Tensor], device: str | torch.device, dtype: torch.dtype
+        cls,
+        config: ModelConfig,
+        state_dict: Mapping[str, torch.Tensor],
+        device: str | torch.device,
+        dtype: torch.dtype,
     ) -> LlamaModel:
-        """Build on the meta device, then assign weights in Hugging Face Llama naming (fusing Q/K/V, gate/up)."""
+        """Build on the meta device, then fill each weight from Hugging Face Llama names (fusing Q/K/V, gate/up).
+
+        Streams: each source tensor is looked up once and copied straight into its final dtype and
+        device, so with a lazy ``state_dict`` (the loader's) peak memory is the final weights plus one
+        source tensor. A tensor the model has no place for is an error naming it, never dropped.
+        """
+        sources = fused_weight_sources(config)
+        _check_names(state_dict, sources, config)
         with torch.device("meta"):
             model = cls(config)
-        fused = fuse_projections(state_dict, config)
-        fused = {name: t.to(device=device, dtype=dtype) for name, t in fused.items()}
-        missing, unexpected = model.load_state_dict(fused, strict=False, assign=True)
-        if "lm_head.weight" not in fused:  # tied: one matrix serves as embedding and LM head
+        shapes = {name: param.shape for name, param in model.named_parameters()}
+        weights = {name: _gather(state_dict, names, shapes[name], device, dtype) for name, names in sources.items()}
+        model.load_state_dict(weights, strict=False, assign=True)
+        if config.tie_word_embeddings:  # one matrix serves as embedding and LM head
             model.lm_head.weight = model.embed_tokens.weight
-            missing.remove("lm_head.weight")
-        if unexpected or missing:
-            raise ValueError(f"checkpoint does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
         model.rope_cos, model.rope_sin = (
-            t.to(dtype) for t in rope_tables(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
+            t.to(dtype)
+            for t in rope_tables(
+                config.head_dim, config.rope_theta, config.max_position_embeddings, device, config.rope_scaling
+            )
         )
         return model.eval().requires_grad_(False)
 
 
-def fuse_projections(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face Llama names -> this model's names: q/k/v and gate/up concatenated by rows.
+def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
+    """This model's parameter names -> the Hugging Face Llama tensors stacked by rows into each.
 
-    A tied LM head is left out: ``from_state_dict`` points it at the embedding matrix.
+    Q/K/V and gate/up are fused; every other weight has one source. A tied LM head is left out:
+    ``from_state_dict`` points it at the embedding matrix.
     """
-    fused: dict[str, torch.Tensor] = {}
+    sources: dict[str, list[str]] = {}
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        fused[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-            [state_dict[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-        )
-        fused[f"layers.{i}.self_attn.o_proj.weight"] = state_dict[p + "self_attn.o_proj.weight"]
-        fused[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-            [state_dict[p + "mlp.gate_proj.weight"], state_dict[p + "mlp.up_proj.weight"]]
-        )
-        fused[f"layers.{i}.mlp.down_proj.weight"] = state_dict[p + "mlp.down_proj.weight"]
+        sources[f"layers.{i}.self_attn.qkv_proj.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        sources[f"layers.{i}.self_attn.o_proj.weight"] = [p + "self_attn.o_proj.weight"]
+        sources[f"layers.{i}.mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        sources[f"layers.{i}.mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            fused[f"layers.{i}.{norm}.weight"] = state_dict[p + f"{norm}.weight"]
-    fused["embed_tokens.weight"] = state_dict["model.embed_tokens.weight"]
-    fused["norm.weight"] = state_dict["model.norm.weight"]
-    if config.tie_word_embeddings:
-        return fused
-    if "lm_head.weight" not in state_dict:
+            sources[f"layers.{i}.{norm}.weight"] = [p + f"{norm}.weight"]
+    sources["embed_tokens.weight"] = ["model.embed_tokens.weight"]
+    sources["norm.weight"] = ["model.norm.weight"]
+    if not config.tie_word_embeddings:
+        sources["lm_head.weight"] = ["lm_head.weight"]
+    return sources
+
+
+def _check_names(state_dict: Mapping[str, torch.Tensor], sources: dict[str, list[str]], config: ModelConfig) -> None:
+    """Every source present; nothing else but what is knowingly unused (a tied checkpoint's copy of the
+    head, old checkpoints' rotary buffers, which are recomputed from the config)."""
+    needed = {name for names in sources.values() for name in names}
+    missing = [name for name in needed if name not in state_dict]
+    if "lm_head.weight" in missing:
         raise ValueError("checkpoint has no lm_head.weight and does not tie it to the embeddings")
-    fused["lm_head.weight"] = state_dict["lm_head.weight"]
-    return fused
+    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = [
+        name
+        for name in state_dict
+        if name not in needed and name not in ignorable and not name.endswith("rotary_emb.inv_freq")
+    ]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not fit a {config.num_layers}-layer Llama: missing {sorted(missing)[:4]}, "
+            f"tensors it does not understand {sorted(unexpected)[:8]}"
+        )
+
+
+def _gather(
+    state_dict: Mapping[str, torch.Tensor],
+    names: list[str],
+    shape: torch.Size,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Stack ``names`` by rows into one new ``shape`` tensor on ``device`` in ``dtype``, one source at a time."""
+    if len(names) == 1:
+        tensor = state_dict[names[0]]
+        if tensor.shape != shape:
+            raise ValueError(f"{names[0]} has shape {tuple(tensor.shape)}, the model expects {tuple(shape)}")
+        return tensor.to(device=device, dtype=dtype)
+    out = torch.empty(shape, device=device, dtype=dtype)
+    row = 0
+    for name in names:
+        tensor = state_dict[name]
+        if tensor.shape[1:] != shape[1:] or row + tensor.shape[0] > shape[0]:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, which does not fit rows of {tuple(shape)}")
+        out[row : row + tensor.shape[0]].copy_(tensor)
+        row += tensor.shape[0]
+    if row != shape[0]:
+        raise ValueError(f"{', '.join(names)} fill {row} rows, the model expects {shape[0]}")
+    return out

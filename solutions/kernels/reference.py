@@ -41,3 +41,49 @@ def reference_attention(
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)
         out[b] = p @ v[b]
     return out
+
+
+def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` positions of one sequence, ``[seq_len, Hkv, D]``, read row by row from a paged
+    ``cache`` ``[num_blocks, block_size, Hkv, D]`` through its ``block_table`` row."""
+    block_size = cache.shape[1]
+    rows = [cache[int(block_table[p // block_size]), p % block_size] for p in range(seq_len)]
+    return torch.stack(rows) if rows else cache.new_zeros(0, *cache.shape[2:])
+
+
+def reference_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Float64 paged attention, ``[T, Hq, D]``: sequence ``b``'s queries ``q[query_start_loc[b]:query_start_loc[b+1]]``
+    are the last of its ``seq_lens[b]`` tokens and attend (bottom-right causal) to its K/V gathered through
+    ``block_table[b]``. Rows that belong to no sequence stay zero."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(len(seq_lens)):
+        start, end, seq_len = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(seq_lens[b])
+        if end == start:
+            continue
+        k, v = (gather_paged_kv(cache, block_table[b], seq_len).transpose(0, 1)[None] for cache in (k_cache, v_cache))
+        heads_first = q[start:end].transpose(0, 1)[None]
+        out[start:end] = reference_attention(heads_first, k, v, causal=True, sm_scale=sm_scale)[0].transpose(0, 1)
+    return out
+
+
+def reference_store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New copies of the caches with token ``t``'s K/V at block ``slot // block_size``, offset
+    ``slot % block_size`` (``slot = slot_mapping[t]``; negative slots skipped), one token at a time."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    block_size = k_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            k_cache[slot // block_size, slot % block_size] = k[t]
+            v_cache[slot // block_size, slot % block_size] = v[t]
+    return k_cache, v_cache

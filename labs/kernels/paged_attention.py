@@ -1,0 +1,331 @@
+# Generated from solutions/kernels/paged_attention.py by tools/make_labs.py: fill in each NotImplementedError.
+"""Attention over a paged KV cache in Triton: a flash-decoding kernel for decode steps, a varlen
+FlashAttention kernel for prefill chunks and mixed batches. Both read K/V through block tables.
+
+Layout (``CORE.md``): q ``[T, Hq, D]`` packs the step's queries; ``k_cache``/``v_cache``
+``[num_blocks, block_size, Hkv, D]``; sequence ``b`` owns query rows ``query_start_loc[b]:query_start_loc[b+1]``,
+which are the LAST ``q_len`` of its ``seq_lens[b]`` tokens (bottom-right causal: query ``i`` sees positions
+``p <= i + seq_len - q_len``), and its K/V for position ``p`` sit at block ``block_table[b, p // block_size]``,
+offset ``p % block_size``. Query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+
+Decode (every ``q_len <= 1``) is memory-bound: the whole context is read once per query. One program serves
+all the query heads of one KV head (GQA), so each K/V tile is loaded once for the group, and a long context
+is cut into ``num_splits`` ranges handled by separate programs, each writing a partial output and its
+log-sum-exp; a small second kernel merges them (flash-decoding). With one split the first kernel writes the
+output directly. Prefill is Lesson 1's kernel with the key loop reading through the block table, so a
+prefix-cache hit (a long cached prefix, a few new queries) computes only the new rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .flash_attention import LOG2_E, _block_sizes, _check_head_dim, _interpretable, _online_softmax_step
+
+
+@triton.jit
+def _load_kv_tile(
+    K_cache, V_cache, table_row, pos, valid, kv_h,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """K and V tiles ``[len(pos), HEAD_DIM]`` of KV head ``kv_h`` for logical positions ``pos`` of one sequence,
+    read through its block table row ``table_row``; positions where ``valid`` is false load as 0."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    raise NotImplementedError('Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE] at offset p % BLOCK_SIZE; load the block ids (masked), then K and V rows there (masked, other=0; int64 offsets)')
+
+
+@triton.jit
+def _paged_decode(
+    Q, K_cache, V_cache, Out, Lse,
+    block_table, query_start_loc, seq_lens,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
+    group, split_len, qk_scale,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program (b, kv_h, split): the query heads of KV head ``kv_h`` for sequence ``b``'s one query, over
+    positions ``[split * split_len, (split + 1) * split_len)`` of its context. With SPLIT, writes the
+    normalised partial output ``Out[t, h, split]`` and its base-2 log-sum-exp ``Lse[t, h, split]``."""
+    b = tl.program_id(0)
+    kv_h = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(query_start_loc + b)
+    if tl.load(query_start_loc + b + 1) == row:
+        return
+    seq_len = tl.load(seq_lens + b)
+    start = split * split_len
+    end = tl.minimum(seq_len, start + split_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    heads = kv_h * group + offs_g
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=offs_g[:, None] < group, other=0.0
+    )
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    table_row = block_table + b.to(tl.int64) * stride_bt
+    for start_n in range(start, end, BLOCK_N):
+        pos = start_n + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        k, v = _load_kv_tile(
+            K_cache, V_cache, table_row, pos, valid, kv_h,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM,
+        )  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v)
+
+    # A split past the sequence's end saw no key: output 0 and lse -inf, so the merge gives it no weight.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    out_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=offs_g[:, None] < group)
+    if SPLIT:
+        tl.store(Lse + row * stride_lt + heads * stride_lh + split, m_i + tl.math.log2(l_safe), mask=offs_g < group)
+
+
+@triton.jit
+def _merge_splits(
+    Partial, Lse, Out,
+    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
+    num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Program (t, h): out = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse) (flash-decoding)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    used = offs_s < num_splits
+    lse = tl.load(Lse + t * stride_lt + h * stride_lh + offs_s, mask=used, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.math.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
+    part = tl.load(
+        Partial + t * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=used[:, None],
+        other=0.0,
+    )
+    total = tl.sum(weight, 0)
+    out = tl.sum(weight[:, None] * part, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def _paged_prefill(
+    Q, K_cache, V_cache, Out,
+    block_table, query_start_loc, seq_lens,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_ot, stride_oh,
+    q_heads, group, qk_scale,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program (m, b * Hq + h): query rows ``[m * BLOCK_M, (m + 1) * BLOCK_M)`` of sequence ``b``, head ``h``."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // q_heads
+    h = bh % q_heads
+    kv_h = h // group
+    q_start = tl.load(query_start_loc + b)
+    q_len = tl.load(query_start_loc + b + 1) - q_start
+    seq_len = tl.load(seq_lens + b)
+    if start_m * BLOCK_M >= q_len:
+        return
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + (q_start + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < q_len, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # The queries are the last q_len positions: row i sits at position i + shift and sees p <= i + shift.
+    shift = seq_len - q_len
+    hi = tl.minimum(seq_len, (start_m + 1) * BLOCK_M + shift)
+    table_row = block_table + b.to(tl.int64) * stride_bt
+    for start_n in range(0, hi, BLOCK_N):
+        pos = start_n + tl.arange(0, BLOCK_N)
+        k, v = _load_kv_tile(
+            K_cache, V_cache, table_row, pos, pos < hi, kv_h,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM,
+        )  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where((pos[None, :] < hi) & (pos[None, :] <= offs_m[:, None] + shift), s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v)
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out_ptrs = Out + (q_start + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=offs_m[:, None] < q_len)
+
+
+def check_paged_attention_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+) -> None:
+    """Raise a ValueError naming the problem if the arguments cannot form a ``paged_attention`` call.
+
+    Shapes and dtypes are always checked; lengths and offsets only for CPU tensors (on a GPU reading them
+    would synchronise the device every layer).
+    """
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, Hq, D]; got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [num_blocks, block_size, Hkv, D]; "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    q_heads, head_dim = q.shape[1:]
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"q's head dim ({head_dim}) differs from the cache's ({k_cache.shape[3]})")
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({kv_heads})")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache must share a dtype; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    if block_table.dim() != 2 or block_table.shape[0] != batch or query_start_loc.shape != (batch + 1,):
+        raise ValueError(
+            f"need block_table [B, max_blocks], query_start_loc [B + 1], seq_lens [B]; got "
+            f"{tuple(block_table.shape)}, {tuple(query_start_loc.shape)}, {tuple(seq_lens.shape)}"
+        )
+    for name, t in (("block_table", block_table), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32; got {t.dtype}")
+    if len({t.device for t in (q, k_cache, v_cache, block_table, query_start_loc, seq_lens)}) != 1:
+        raise ValueError("q, the caches, block_table, query_start_loc and seq_lens must be on one device")
+    if q.device.type != "cpu" or batch == 0:
+        return
+    q_lens = query_start_loc.diff()
+    if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != q.shape[0] or bool((q_lens < 0).any()):
+        raise ValueError(f"query_start_loc must rise from 0 to T = {q.shape[0]}; got {query_start_loc.tolist()}")
+    if bool((q_lens > seq_lens).any()):
+        raise ValueError(
+            f"a sequence has more queries than tokens: q_lens {q_lens.tolist()}, seq_lens {seq_lens.tolist()}"
+        )
+    if int(q_lens.max()) > max_query_len or int(seq_lens.max()) > max_seq_len:
+        raise ValueError(
+            f"max_query_len {max_query_len} / max_seq_len {max_seq_len} are below the batch's "
+            f"{int(q_lens.max())} / {int(seq_lens.max())}"
+        )
+    blocks_needed = int((seq_lens.max() + k_cache.shape[1] - 1) // k_cache.shape[1])
+    if blocks_needed > block_table.shape[1]:
+        raise ValueError(f"block_table has {block_table.shape[1]} columns; a sequence needs {blocks_needed} blocks")
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many programs share one sequence's context: on a GPU, enough for about four programs per SM,
+    never under 256 positions each; in the interpreter, one per 1024 positions."""
+    if device.type != "cuda":
+        return max(1, triton.cdiv(max_seq_len, 1024))
+    wanted = triton.cdiv(4 * _sm_count(device.index or 0), max(1, batch * kv_heads))
+    return max(1, min(wanted, triton.cdiv(max_seq_len, 256), 64))
+
+
+def _decode_warps(head_dim: int, device: torch.device) -> int:
+    """Warps per decode program: ptxas (sm_90, 64-token tiles) gives about 72 registers a thread at D 64 with
+    four warps, and about 80 at D 128 with eight (four would need ~150), so several programs fit on an SM."""
+    if device.type != "cuda":
+        return 1
+    return 4 if head_dim <= 64 else 8
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """Scores q k^T in IEEE float32 for float32 inputs (a CUDA tl.dot would round them to TF32 by default)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of the packed queries q ``[T, Hq, D]`` over each sequence's paged K/V (module doc).
+
+    ``max_query_len`` and ``max_seq_len`` (host ints, at least the batch's longest) size the grids; when
+    ``max_query_len == 1`` the decode kernel runs, with ``num_splits`` programs per context (default:
+    ``decode_num_splits``). Every row of q belongs to a sequence (``query_start_loc[B] == T``); on a GPU the
+    lengths are trusted, not checked. Returns ``[T, Hq, D]`` in q's dtype.
+    """
+    check_paged_attention_inputs(
+        q, k_cache, v_cache, block_table, query_start_loc, seq_lens, max_query_len, max_seq_len
+    )
+    _check_head_dim(q.shape[-1])
+    in_dtype = q.dtype
+    q, k_cache, v_cache = _interpretable(q, k_cache, v_cache)
+    batch = seq_lens.shape[0]
+    q_heads, head_dim = q.shape[1:]
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    qk_scale = (head_dim**-0.5 if sm_scale is None else sm_scale) * LOG2_E
+    out = torch.empty_like(q)
+    if q.shape[0] == 0 or batch == 0:
+        return out.to(in_dtype)
+    cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
+    on_gpu = q.device.type == "cuda"
+    if max_query_len == 1:
+        splits = num_splits or decode_num_splits(batch, kv_heads, max_seq_len, q.device)
+        block_n = 64 if on_gpu else 32
+        # Split lengths are whole tiles, so only a split's last tile can be partial.
+        split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), splits), block_n) * block_n
+        if splits > 1:
+            target = torch.empty(q.shape[0], q_heads, splits, head_dim, device=q.device, dtype=torch.float32)
+            lse = torch.empty(q.shape[0], q_heads, splits, device=q.device, dtype=torch.float32)
+        else:  # one split writes the output itself, and no log-sum-exp
+            target, lse = out.unsqueeze(2), out
+        _paged_decode[(batch, kv_heads, splits)](
+            q, k_cache, v_cache, target, lse,
+            block_table, query_start_loc, seq_lens,
+            q.stride(0), q.stride(1), *cache_strides,
+            block_table.stride(0), *target.stride()[:3], lse.stride(0), lse.stride(1),
+            group, split_len, qk_scale,
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+            BLOCK_H=max(16 if on_gpu else 1, triton.next_power_of_2(group)), BLOCK_N=block_n,
+            SPLIT=splits > 1, DOT_PRECISION=_dot_precision(q.dtype), num_warps=_decode_warps(head_dim, q.device), num_stages=2,
+        )  # fmt: skip
+        if splits > 1:
+            _merge_splits[(q.shape[0], q_heads)](
+                target, lse, out, *target.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+                splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits), num_warps=1 if head_dim <= 64 else 2,
+            )  # fmt: skip
+        return out.to(in_dtype)
+    # In the interpreter each tile step costs the same whatever its size: wider key tiles, fewer steps.
+    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device) if on_gpu else (16, 32, 1, 1)
+    _paged_prefill[(triton.cdiv(max_query_len, block_m), batch * q_heads)](
+        q, k_cache, v_cache, out,
+        block_table, query_start_loc, seq_lens,
+        q.stride(0), q.stride(1), *cache_strides,
+        block_table.stride(0), out.stride(0), out.stride(1),
+        q_heads, group, qk_scale,
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out.to(in_dtype)

@@ -1,0 +1,146 @@
+"""In-process serving experiments on the engine: Poisson arrivals, static batching, and a per-step timeline.
+
+``run_with_arrivals`` plays a client population: request ``i`` arrives at a Poisson time (rate ``rate`` per
+second) and is added to the engine at that moment, while the engine steps whenever it has work. Its metrics
+(TTFT, TPOT, ITL, queueing) are then what a user at that load would see. ``run_static`` is the baseline that
+continuous batching replaces: a batch is admitted only when the previous one has completely finished.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..engine.outputs import RequestOutput
+from ..engine.sampling_params import SamplingParams
+from .throughput import Workload
+
+
+def poisson_arrival_offsets(num_requests: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times in seconds from the start: exponential gaps of mean ``1 / rate`` (``inf`` rate: all at 0)."""
+    rng = random.Random(seed)
+    t, offsets = 0.0, []
+    for _ in range(num_requests):
+        offsets.append(t)
+        t += 0.0 if rate == float("inf") else rng.expovariate(rate)
+    return offsets
+
+
+def _params(workload: Workload) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+
+
+def run_with_arrivals(llm, workload: Workload, rate: float, seed: int = 0) -> tuple[list[RequestOutput], float]:
+    """Submit each request at its Poisson arrival time and step the engine until all finish.
+    Returns the final outputs in submission order and the wall time."""
+    engine = llm.engine
+    if engine.has_unfinished_requests():
+        raise RuntimeError("the engine still has unfinished requests")
+    pending = list(zip(poisson_arrival_offsets(len(workload.prompts), rate, seed), workload.prompts, _params(workload)))
+    ids: list[str] = []
+    final: dict[str, RequestOutput] = {}
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and pending[0][0] <= now:
+            offset, prompt, params = pending.pop(0)
+            ids.append(engine.add_request(prompt, params, arrival_time=start + offset))
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0][0] - now))
+            continue
+        for output in engine.step():
+            if output.finished:
+                final[output.request_id] = output
+    return [final[i] for i in ids], time.perf_counter() - start
+
+
+def run_static(llm, workload: Workload, batch_size: int) -> tuple[list[RequestOutput], float]:
+    """Static batching on the same engine: the next ``batch_size`` requests start only when the whole
+    previous batch has finished (its finished slots sit idle meanwhile)."""
+    params = _params(workload)
+    outputs: list[RequestOutput] = []
+    start = time.perf_counter()
+    for first in range(0, len(workload.prompts), batch_size):
+        batch = slice(first, first + batch_size)
+        outputs += llm.generate(workload.prompts[batch], params[batch], use_tqdm=False)
+    return outputs, time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """vLLM's serving metrics over a set of finished requests (seconds; throughput in tokens/s)."""
+
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p99: float
+    output_tokens_per_s: float
+
+    @classmethod
+    def of(cls, outputs: list[RequestOutput], wall_s: float) -> LatencySummary:
+        ttft = [o.metrics.ttft for o in outputs]
+        tpot = [o.metrics.tpot for o in outputs if o.metrics.tpot is not None]
+        return cls(
+            ttft_p50=percentile(ttft, 50),
+            ttft_p99=percentile(ttft, 99),
+            tpot_p50=percentile(tpot, 50),
+            tpot_p99=percentile(tpot, 99),
+            output_tokens_per_s=sum(o.metrics.num_output_tokens for o in outputs) / wall_s,
+        )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile with linear interpolation (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step ran: decode tokens, prefill-chunk tokens, requests preempted, queue lengths after."""
+
+    decode_tokens: int
+    prefill_tokens: int
+    preempted: int
+    running: int
+    waiting: int
+
+
+@contextmanager
+def record_steps(engine):
+    """Collect a ``StepRecord`` for every ``engine.step()`` run inside the ``with`` block."""
+    records: list[StepRecord] = []
+    scheduler = engine.scheduler
+    schedule = scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        # A decode computes the one token it sampled last step (plus any drafts); anything else is prefill.
+        decodes = sum(
+            plan.num_scheduled_tokens[r.request_id]
+            for r in plan.scheduled
+            if r.output_token_ids and r.num_computed == r.num_tokens - 1
+        )
+        records.append(
+            StepRecord(
+                decode_tokens=decodes,
+                prefill_tokens=plan.total_tokens - decodes,
+                preempted=len(plan.preempted),
+                running=len(scheduler.running),
+                waiting=len(scheduler.waiting),
+            )
+        )
+        return plan
+
+    scheduler.schedule = recording_schedule
+    try:
+        yield records
+    finally:
+        del scheduler.schedule
