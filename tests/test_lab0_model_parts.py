@@ -1,4 +1,7 @@
-"""Lab 0: the model's RMSNorm, RoPE and grouped-query attention, against float64 references."""
+"""Lab 0: the model's RMSNorm, RoPE and grouped-query attention, against float64 references.
+
+Each check names what it tried and the likely cause when it fails (`make grade LAB=0`).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +12,83 @@ from solutions.kernels.reference import reference_attention
 
 pytestmark = pytest.mark.lab0
 
+DTYPES = [pytest.param(torch.float32, 1e-6, id="fp32"), pytest.param(torch.bfloat16, 1e-2, id="bf16")]
+
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.double() - expected).norm() / expected.norm())
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def expect_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str, likely: str) -> None:
+    """Fail with the relative error, what was tried, and the likely cause (never a dump of the tensors)."""
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if not torch.isfinite(actual).all():
+        bad = int((~torch.isfinite(actual)).sum())
+        raise AssertionError(f"{what}: {bad} of {actual.numel()} outputs are inf or NaN. Likely: {likely}")
+    err = rel_err(actual, expected)
+    if not err < tol:
+        raise AssertionError(f"{what}: relative error {err:.3g}, needs < {tol:g}. Likely: {likely}")
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_rms_norm_matches_float64(load, dtype, tol):
     llama = load("model.llama")
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(7, 576, generator=gen) * 3).to(dtype)
     weight = torch.randn(576, generator=gen).to(dtype)
-    x64 = x.double()
-    expected = x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
     out = llama.rms_norm(x, weight, 1e-5)
-    assert out.dtype == dtype and out.shape == x.shape
-    assert rel_err(out, expected) < tol
+    assert out.dtype == dtype, f"rms_norm returned {out.dtype} for {dtype} input: cast the result back to x's dtype"
+    expect_close(
+        out,
+        rms_norm_reference(x, weight, 1e-5),
+        tol,
+        f"rms_norm on {dtype}",
+        "divide by sqrt(mean(x**2) + eps) over the LAST dim (keepdim=True), then multiply by weight",
+    )
+
+
+def test_rms_norm_upcasts_float16(load):
+    """Activations near 300 in float16: their squares (about 90000) overflow float16, whose largest value is 65504."""
+    llama = load("model.llama")
+    gen = torch.Generator().manual_seed(1)
+    x = (300 + 20 * torch.randn(4, 576, generator=gen)).half()
+    weight = (1 + 0.1 * torch.randn(576, generator=gen)).half()
+    out = llama.rms_norm(x, weight, 1e-5)
+    assert out.dtype == torch.float16, f"rms_norm returned {out.dtype} for float16 input: cast back to x's dtype"
+    expect_close(
+        out,
+        rms_norm_reference(x, weight, 1e-5),
+        1e-3,
+        "rms_norm on float16 activations near 300",
+        "x**2 overflowed float16 (max 65504) to inf, so x / sqrt(inf) became 0: "
+        "compute in float32 (x.float()) and cast the result back",
+    )
+
+
+def test_rms_norm_uses_eps(load):
+    """A row of zeros must give zeros (eps keeps 0 / 0 away), and eps must sit inside the square root."""
+    llama = load("model.llama")
+    x = torch.zeros(3, 64)
+    x[1] = 1e-3 * torch.randn(64, generator=torch.Generator().manual_seed(2))  # mean(x**2) ~ 1e-6, below eps
+    weight = torch.ones(64)
+    out = llama.rms_norm(x, weight, 1e-5)
+    finite = bool(torch.isfinite(out).all())
+    assert finite, "rms_norm of a row of zeros gave NaN (0 / 0): add eps to mean(x**2) before sqrt"
+    zero_row = float(out[0].abs().max())
+    assert zero_row == 0, f"rms_norm of a row of zeros must be zeros; got values up to {zero_row:.3g}"
+    expect_close(
+        out[1:2],
+        rms_norm_reference(x[1:2], weight, 1e-5),
+        1e-5,
+        "rms_norm of a tiny row (mean(x**2) about 1e-6, eps 1e-5)",
+        "eps belongs inside the root: x / sqrt(mean(x**2) + eps), not x / (sqrt(mean(x**2)) + eps)",
+    )
 
 
 def test_rope_rotates_each_pair_by_its_angle(load):
@@ -33,59 +97,104 @@ def test_rope_rotates_each_pair_by_its_angle(load):
     head_dim, theta = 64, 100000.0
     cos, sin = llama.rope_tables(head_dim, theta, 512)
     positions = torch.tensor([0, 1, 5, 130, 511])
-    x = torch.randn(len(positions), 3, head_dim, dtype=torch.float32)
+    x = torch.randn(len(positions), 3, head_dim, generator=torch.Generator().manual_seed(3))
     out = llama.apply_rope(x, cos[positions], sin[positions])
 
+    moved = float((out[0] - x[0]).abs().max())
+    assert moved < 1e-6, f"position 0 must be left unchanged (cos 1, sin 0); it moved by up to {moved:.3g}"
+    norms = float((out.norm(dim=-1) - x.norm(dim=-1)).abs().max())
+    assert norms < 1e-4, f"a rotation keeps each head's length; it changed by up to {norms:.3g}: check the signs"
     x64 = x.double()
     pairs = torch.complex(x64[..., : head_dim // 2], x64[..., head_dim // 2 :])
     freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     rotation = torch.polar(torch.ones_like(freqs), positions.double()[:, None] * freqs)  # [T, D/2]
     rotated = pairs * rotation[:, None, :]
     expected = torch.cat([rotated.real, rotated.imag], dim=-1)
-    assert rel_err(out, expected) < 1e-5
-    # Position 0 is the identity; rotation preserves each head's norm.
-    torch.testing.assert_close(out[0], x[0])
-    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
+    expect_close(
+        out,
+        expected,
+        1e-5,
+        "apply_rope at positions 0, 1, 5, 130, 511",
+        "dimension j pairs with j + D/2 (rotate-half, not adjacent pairs 2j, 2j+1); "
+        "the first half gets a*cos - b*sin, the second b*cos + a*sin",
+    )
 
 
+Q_HEAD_TO_KV = "query head h reads K/V head h // (Hq // Hkv): heads 0-2 share K/V head 0, 3-5 head 1, ..."
 CASES = [
-    # batch, q_heads, kv_heads, q_len, k_len, head_dim, causal
-    (1, 9, 3, 1, 37, 64, False),  # SmolLM2 decode: GQA ratio 3
-    (2, 9, 3, 13, 13, 64, True),  # prefill, odd length
-    (1, 6, 2, 5, 21, 128, True),  # a chunk of queries over a longer cached prefix
-    (3, 4, 4, 7, 9, 32, False),  # plain multi-head attention
-    (2, 8, 1, 3, 3, 64, True),  # multi-query attention
+    # batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, the likely mistake when this case fails
+    pytest.param(1, 9, 3, 1, 37, 64, False, Q_HEAD_TO_KV, id="decode-9q-3kv"),  # SmolLM2 decode: GQA ratio 3
+    pytest.param(2, 9, 3, 13, 13, 64, True, "causal: query i sees keys j <= i, -inf elsewhere", id="prefill-causal"),
+    pytest.param(
+        1,
+        6,
+        2,
+        5,
+        21,
+        128,
+        True,
+        "causal is bottom-right when Lq < Lk: query i sees j <= i + (Lk - Lq)",
+        id="chunk-causal",
+    ),
+    pytest.param(
+        3, 4, 4, 7, 9, 32, False, "scores = q k^T * head_dim**-0.5, softmax over keys, times v", id="multihead"
+    ),
+    pytest.param(2, 8, 1, 3, 3, 64, True, "one K/V head serves every query head", id="multiquery-causal"),
 ]
 
 
-@pytest.mark.parametrize("batch, q_heads, kv_heads, q_len, k_len, head_dim, causal", CASES)
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_gqa_attention_matches_float64(load, batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, dtype, tol):
+@pytest.mark.parametrize("batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, likely", CASES)
+@pytest.mark.parametrize(
+    "dtype, tol", [pytest.param(torch.float32, 1e-5, id="fp32"), pytest.param(torch.bfloat16, 2e-2, id="bf16")]
+)
+def test_gqa_attention_matches_float64(
+    load, batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, likely, dtype, tol
+):
     attention = load("kernels.attention")
     gen = torch.Generator().manual_seed(batch * 100 + q_len)
     q = torch.randn(batch, q_heads, q_len, head_dim, generator=gen).to(dtype)
     k = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen).to(dtype)
     v = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen).to(dtype)
     out = attention.gqa_attention(q, k, v, causal=causal)
-    assert out.shape == q.shape and out.dtype == dtype
-    assert rel_err(out, reference_attention(q, k, v, causal=causal)) < tol
+    assert out.dtype == dtype, f"gqa_attention returned {out.dtype} for {dtype} inputs: cast the result to q's dtype"
+    expect_close(
+        out,
+        reference_attention(q, k, v, causal=causal),
+        tol,
+        f"gqa_attention, q {tuple(q.shape)}, k {tuple(k.shape)}, causal={causal}, {dtype}",
+        likely,
+    )
 
 
 def test_gqa_attention_masks_padded_keys(load):
     """Sequences of different lengths padded into one decode batch: padding must not leak in."""
     attention = load("kernels.attention")
-    q = torch.randn(3, 9, 1, 64)
-    k, v = torch.randn(3, 3, 20, 64), torch.randn(3, 3, 20, 64)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(3, 9, 1, 64, generator=gen)
+    k, v = torch.randn(3, 3, 20, 64, generator=gen), torch.randn(3, 3, 20, 64, generator=gen)
     kv_lens = torch.tensor([20, 4, 11])
     out = attention.gqa_attention(q, k, v, causal=False, kv_lens=kv_lens)
-    assert rel_err(out, reference_attention(q, k, v, causal=False, kv_lens=kv_lens)) < 1e-5
+    expect_close(
+        out,
+        reference_attention(q, k, v, causal=False, kv_lens=kv_lens),
+        1e-5,
+        "gqa_attention with kv_lens [20, 4, 11]",
+        "keys at j >= kv_lens[b] are padding: mask them to -inf",
+    )
     k_poisoned = k.clone()
     k_poisoned[1, :, 4:] = 1e4
-    torch.testing.assert_close(attention.gqa_attention(q, k_poisoned, v, causal=False, kv_lens=kv_lens), out)
+    changed = float((attention.gqa_attention(q, k_poisoned, v, causal=False, kv_lens=kv_lens) - out).abs().max())
+    assert changed < 1e-5, f"changing padded keys (past kv_lens) moved the output by {changed:.3g}: mask them"
 
 
 def test_gqa_attention_uses_sm_scale(load):
     attention = load("kernels.attention")
-    q, k, v = torch.randn(1, 2, 4, 32), torch.randn(1, 2, 6, 32), torch.randn(1, 2, 6, 32)
-    out = attention.gqa_attention(q, k, v, causal=True, sm_scale=0.3)
-    assert rel_err(out, reference_attention(q, k, v, causal=True, sm_scale=0.3)) < 1e-5
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=gen) for n in (4, 6, 6))
+    expect_close(
+        attention.gqa_attention(q, k, v, causal=True, sm_scale=0.3),
+        reference_attention(q, k, v, causal=True, sm_scale=0.3),
+        1e-5,
+        "gqa_attention with sm_scale=0.3",
+        "use sm_scale when it is given, head_dim**-0.5 only when it is None",
+    )

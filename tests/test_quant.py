@@ -24,13 +24,18 @@ def _dequantize_reference(q, scales, zeros, group_size):
 
 
 @pytest.mark.lab6
-@pytest.mark.parametrize("shape", [(8,), (3, 16), (2, 5, 64), (7, 576)])
+@pytest.mark.parametrize("shape", [(8,), (3, 16), (2, 5, 64), (7, 576)], ids=lambda s: "x".join(map(str, s)))
 def test_pack_unpack_round_trip(load, shape):
     pack = load("quant.pack")
     values = torch.randint(0, 16, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     packed = pack.pack_int4(values)
-    assert packed.dtype == torch.int32 and packed.shape == (*shape[:-1], shape[-1] // 8)
-    assert torch.equal(pack.unpack_int4(packed), values)
+    want = (*shape[:-1], shape[-1] // 8)
+    assert packed.dtype == torch.int32, f"pack_int4 returned {packed.dtype}: the words must be int32"
+    assert packed.shape == want, f"pack_int4 gave shape {tuple(packed.shape)}, expected {want}: 8 values per word"
+    unpacked = pack.unpack_int4(packed)
+    assert unpacked.dtype == torch.uint8, f"unpack_int4 returned {unpacked.dtype}, expected uint8"
+    wrong = int((unpacked != values).sum())
+    assert wrong == 0, f"unpack_int4(pack_int4(v)) differs from v in {wrong} of {values.numel()} values"
 
 
 @pytest.mark.lab6
@@ -39,8 +44,16 @@ def test_pack_layout_is_element_k_at_bit_4k(load):
     values = torch.tensor([1, 2, 3, 4, 5, 6, 7, 15], dtype=torch.uint8)
     word = sum(int(v) << (4 * i) for i, v in enumerate(values.tolist()))
     expected = word - (1 << 32)  # element 7 is 15, so the word's sign bit is set
-    assert pack.pack_int4(values).tolist() == [expected]
-    assert pack.unpack_int4(torch.tensor([expected], dtype=torch.int32)).tolist() == values.tolist()
+    got = pack.pack_int4(values).tolist()
+    assert got == [expected], (
+        f"pack_int4({values.tolist()}) = {got}, expected [{expected}] (0x{word:08X}): element k belongs at bits "
+        f"4k..4k+3, so element 0 is the lowest hex digit; yours reads 0x{got[0] & 0xFFFFFFFF:08X}"
+    )
+    back = pack.unpack_int4(torch.tensor([expected], dtype=torch.int32)).tolist()
+    assert back == values.tolist(), (
+        f"unpack_int4 of 0x{word:08X} gave {back}: field i is (word >> 4 * i) & 0xF; "
+        "a negative word shifts its sign bit in, which the mask must drop"
+    )
 
 
 def test_pack_rejects_bad_input(load):
@@ -157,9 +170,58 @@ def real_layer_inputs():
     return model, weights, captured
 
 
+def awq_scales(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    s = x.abs().mean(0).pow(alpha).clamp(min=1e-4)
+    return s / (s.max() * s.min()).sqrt()
+
+
+@pytest.mark.lab6
+def test_scale_search_measures_the_error_after_block(load):
+    """``block`` maps the linear's output to the block's output (an MLP, attention): the error is measured there."""
+    awq, rtn = load("quant.awq"), load("quant.rtn")
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(48, 128, generator=gen)
+    outliers = 1 + 30 * (torch.rand(128, generator=gen) < 0.05)  # a few large activation channels, as in real models
+    x = torch.randn(64, 128, generator=gen) * outliers
+    proj = torch.randn(48, 16, generator=gen)
+    block = lambda y: torch.nn.functional.silu(y) @ proj
+
+    result = awq.search_scale(weight, x, 4, 32, n_grid=5, block=block)
+    assert result.alphas == [0.0, 0.2, 0.4, 0.6, 0.8], (
+        f"alphas {result.alphas}: the grid is i / n_grid for i in range(n_grid), so 1.0 is not on it"
+    )
+    for alpha, error in zip(result.alphas, result.errors):
+        s = awq_scales(x, alpha)
+        w_q = rtn.fake_quantize(weight * s, 4, 32) / s
+        after_block = (block(x @ w_q.T) - block(x @ weight.T)).pow(2).mean().item()
+        before_block = (x @ w_q.T - x @ weight.T).pow(2).mean().item()
+        if error == pytest.approx(before_block, rel=1e-4):
+            raise AssertionError(
+                f"at alpha {alpha} the error {error:.4g} is the linear's own output error: block was ignored. "
+                "Pass both outputs through block (the identity only when block is None)"
+            )
+        assert error == pytest.approx(after_block, rel=1e-4), (
+            f"at alpha {alpha}: error {error:.4g}, expected {after_block:.4g} = mean((block(x W_q^T) - block(x W^T))**2) "
+            "with s = mean|x|**alpha, clamped at 1e-4 and divided by sqrt(max(s) * min(s))"
+        )
+    best = result.errors.index(min(result.errors))
+    assert result.alpha == result.alphas[best], (
+        f"alpha {result.alpha} returned, but {result.alphas[best]} had the lowest error"
+    )
+    same_scales = torch.allclose(result.scales, awq_scales(x, result.alpha))
+    assert same_scales, "scales must be the ones at the chosen alpha"
+
+
 @pytest.mark.lab6
 @pytest.mark.slow
-@pytest.mark.parametrize("linear, w_bit", [("gate_up", 4), ("down", 4), ("down", 3)])
+@pytest.mark.parametrize(
+    "linear, w_bit",
+    [
+        pytest.param("gate_up", 4, id="gate_up-int4"),
+        pytest.param("down", 4, id="down-int4"),
+        pytest.param("down", 3, id="down-int3"),
+    ],
+)
 def test_scale_search_beats_round_to_nearest(load, real_layer_inputs, linear, w_bit):
     awq, rtn = load("quant.awq"), load("quant.rtn")
     model, _, captured = real_layer_inputs
@@ -167,12 +229,14 @@ def test_scale_search_beats_round_to_nearest(load, real_layer_inputs, linear, w_
     weight = (mlp.gate_up_proj if linear == "gate_up" else mlp.down_proj).weight
     x = captured[linear]
     result = awq.search_scale(weight, x, w_bit, 64, n_grid=10)
-    assert result.alphas == [i / 10 for i in range(10)] and len(result.errors) == 10
-    assert result.scales.shape == (weight.shape[1],) and (result.scales > 0).all()
+    assert result.alphas == [i / 10 for i in range(10)] and len(result.errors) == 10, "one error per alpha i / n_grid"
+    assert result.scales.shape == (weight.shape[1],), f"scales {tuple(result.scales.shape)}: one per input channel"
+    positive = bool((result.scales > 0).all())
+    assert positive, "scales must be positive (clamp mean|x|**alpha at 1e-4)"
     rtn_error = (x @ rtn.fake_quantize(weight, w_bit, 64).T - x @ weight.T).pow(2).mean().item()
-    assert result.errors[0] == pytest.approx(rtn_error, rel=1e-4)  # alpha = 0 is plain RTN
-    assert result.alpha > 0 and min(result.errors) < rtn_error
-    assert result.errors[result.alphas.index(result.alpha)] == min(result.errors)
+    assert result.errors[0] == pytest.approx(rtn_error, rel=1e-4), "alpha = 0 means s = 1: its error is plain RTN's"
+    assert result.alpha > 0 and min(result.errors) < rtn_error, "on real activations some alpha > 0 beats RTN"
+    assert result.errors[result.alphas.index(result.alpha)] == min(result.errors), "return the alpha with least error"
     s = result.scales
     awq_error = (x @ (rtn.fake_quantize(weight * s, w_bit, 64) / s).T - x @ weight.T).pow(2).mean().item()
     assert awq_error == pytest.approx(min(result.errors), rel=1e-4)

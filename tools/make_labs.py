@@ -2,18 +2,26 @@
 
 In solutions/, the learner's part of a function is marked::
 
-    # BEGIN SOLUTION Lab 0: normalise by the root mean square in float32, then scale
+    # BEGIN SOLUTION Lab 0: normalise by the root mean square (the nudge, shown in the hole)
+    # HINT: fuller hint, tier 1 (optional; the learner asks for it with `make hint LAB=0`)
+    # HINT: fuller still, tier 2 (`make hint LAB=0 TIER=2`)
     ...reference code...
     # END SOLUTION
 
-and labs/ gets, at the same indentation, ``raise NotImplementedError("Lab 0: normalise ...")``.
+and labs/ gets, at the same indentation, ``raise NotImplementedError("Lab 0: normalise ...")``. ``# HINT:``
+lines are optional and must come first in the block; a comment line right under one that starts with
+``#`` and two spaces continues it. Hints never reach labs/: the learner opts into them tier by tier.
 
 labs/ holds only the files that contain an exercise, plus one small ``__init__.py`` per package on
 the way to them. Each of those extends the package's ``__path__`` with its solutions/ twin, so
 ``import labs.engine.engine`` loads the solution's engine as part of the ``labs`` package, and its
 relative imports reach the learner's files wherever a lab exists: the whole engine runs on the
-learner's code, with nothing else copied. ``--check`` exits 1 if labs/ differs from what this
-script would write (CI runs it).
+learner's code, with nothing else copied.
+
+``--check`` exits 1 if labs/ differs from what this script would write (CI runs it). A learner's
+labs/ differs on purpose: holes filled in. Those are told apart from stale files (a difference
+outside the holes, or an old nudge), ``--check --allow-filled`` accepts them, and writing refuses to
+overwrite filled work unless given ``--force``.
 """
 
 from __future__ import annotations
@@ -21,34 +29,109 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE, TARGET = ROOT / "solutions", ROOT / "labs"
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION\s*(?P<hint>.*)$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
+HINT = re.compile(r"^\s*# HINT:\s*(?P<text>.*)$")
+HINT_MORE = re.compile(r"^\s*#  \s*(?P<text>\S.*)$")
+LAB_NUMBER = re.compile(r"^Lab (?P<lab>\w+)\s*:")
+DEF = re.compile(r"^\s*def (?P<name>\w+)")
 HEADER = "# Generated from solutions/{path} by tools/make_labs.py: fill in each NotImplementedError.\n"
 
 
-def strip_solutions(text: str, path: str) -> str:
-    out, inside = [], False
+@dataclass
+class Hole:
+    """One marked block: where it is, the line that replaces it in labs/, and its opt-in hints."""
+
+    path: str
+    line: int
+    function: str
+    indent: str
+    nudge: str
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def lab(self) -> str:
+        match = LAB_NUMBER.match(self.nudge)
+        return match["lab"] if match else "?"
+
+    @property
+    def raise_line(self) -> str:
+        """The hole in labs/: the nudge, and where the fuller hints are when the block has some."""
+        message = f"{self.nudge} (hints: make hint LAB={self.lab})" if self.hints else self.nudge
+        return f"{self.indent}raise NotImplementedError({message!r})\n"
+
+
+def split_solutions(text: str, path: str) -> list[str | Hole]:
+    """The file as alternating kept text and holes: ``[text, Hole, text, Hole, ..., text]``."""
+    parts: list[str | Hole] = []
+    kept: list[str] = []
+    hole: Hole | None = None
+    function, hints_open = "<module>", False
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         begin = BEGIN.match(line)
         if begin:
-            if inside:
+            if hole:
                 raise ValueError(f"{path}:{number}: BEGIN SOLUTION inside another solution block")
-            inside = True
-            hint = begin["hint"] or "fill in this block"
-            out.append(f"{begin['indent']}raise NotImplementedError({hint!r})\n")
+            nudge = begin["hint"] or "fill in this block"
+            hole = Hole(path, number, function, begin["indent"], nudge)
+            parts.append("".join(kept))
+            kept, hints_open = [], True
         elif END.match(line):
-            if not inside:
+            if not hole:
                 raise ValueError(f"{path}:{number}: END SOLUTION without BEGIN SOLUTION")
-            inside = False
-        elif not inside:
-            out.append(line)
-    if inside:
+            parts.append(hole)
+            hole = None
+        elif hole:
+            hint = HINT.match(line) if hints_open else None
+            more = HINT_MORE.match(line) if hints_open and hole.hints else None
+            if hint:
+                hole.hints.append(hint["text"].strip())
+            elif more and not HINT.match(line):
+                hole.hints[-1] += " " + more["text"].strip()
+            else:
+                hints_open = False
+        else:
+            kept.append(line)
+            if match := DEF.match(line):
+                function = match["name"]
+    if hole:
         raise ValueError(f"{path}: BEGIN SOLUTION is never closed")
-    return "".join(out)
+    parts.append("".join(kept))
+    return parts
+
+
+def render(parts: list[str | Hole]) -> str:
+    return "".join(p.raise_line if isinstance(p, Hole) else p for p in parts)
+
+
+def strip_solutions(text: str, path: str) -> str:
+    """The labs/ version of one solutions/ file: every marked block replaced by its ``raise``."""
+    return render(split_solutions(text, path))
+
+
+def filled_holes(parts: list[str | Hole], actual: str) -> list[Hole] | None:
+    """The holes a learner has filled in, if ``actual`` equals the generated file outside its holes.
+
+    ``None`` means stale: something outside the holes differs, or a hole still raises with an old nudge.
+    """
+    holes = [p for p in parts if isinstance(p, Hole)]
+    pattern = "(.*?)".join(re.escape(p) for p in parts if isinstance(p, str))
+    match = re.fullmatch(pattern, actual, flags=re.DOTALL)
+    if not match:
+        return None
+    filled = []
+    for hole, body in zip(holes, match.groups()):
+        if body == hole.raise_line:
+            continue
+        if body.strip().startswith("raise NotImplementedError("):
+            return None  # an untouched hole with an out-of-date nudge
+        filled.append(hole)
+    return filled
 
 
 INIT_HEADER = """# Generated by tools/make_labs.py. Modules with no lab here are found in solutions/{path}.
@@ -58,47 +141,120 @@ __path__.append(str(_Path(__file__).resolve().parents[{depth}] / "solutions"{par
 """
 
 
-def lab_files() -> dict[Path, str]:
-    files, packages = {}, set()
+def lab_parts() -> dict[Path, list[str | Hole]]:
+    """Every labs/ file as parts (the ``__init__.py`` files are a single kept text)."""
+    files: dict[Path, list[str | Hole]] = {}
+    packages = set()
     for source in sorted(SOURCE.rglob("*.py")):
         rel = source.relative_to(SOURCE)
-        text = source.read_text()
-        body = strip_solutions(text, f"solutions/{rel}")
-        if body != text:
-            files[TARGET / rel] = HEADER.format(path=rel) + body
+        parts = split_solutions(source.read_text(), f"solutions/{rel}")
+        if len(parts) > 1:
+            files[TARGET / rel] = [HEADER.format(path=rel) + parts[0], *parts[1:]]
             packages.update(rel.parents)
     for package in packages:  # each a folder relative to solutions/, "." included
         rel = package / "__init__.py"
-        parts = "".join(f" / {part!r}" for part in package.parts).replace("'", '"')
+        dotted = "".join(f" / {part!r}" for part in package.parts).replace("'", '"')
         shown = "".join(f"{part}/" for part in package.parts)
-        init = INIT_HEADER.format(path=shown, depth=len(package.parts) + 1, parts=parts)
+        init = INIT_HEADER.format(path=shown, depth=len(package.parts) + 1, parts=dotted)
         solution_init = (SOURCE / rel).read_text() if (SOURCE / rel).exists() else ""
-        files[TARGET / rel] = init + ("\n" + solution_init if solution_init.strip() else "")
+        files[TARGET / rel] = [init + ("\n" + solution_init if solution_init.strip() else "")]
     return files
+
+
+def lab_files() -> dict[Path, str]:
+    return {path: render(parts) for path, parts in lab_parts().items()}
+
+
+def all_holes() -> list[Hole]:
+    return [p for parts in lab_parts().values() for p in parts if isinstance(p, Hole)]
+
+
+@dataclass
+class LabsState:
+    """How labs/ on disk compares with what this script writes."""
+
+    stale: list[Path]  # missing, or differing outside the holes: regenerate
+    filled: dict[Path, list[Hole]]  # differing only inside holes: the learner's work
+    extra: list[Path]  # files this script would not write
+
+
+def labs_state() -> LabsState:
+    wanted = lab_parts()
+    present = set(TARGET.rglob("*.py")) if TARGET.exists() else set()
+    state = LabsState([], {}, sorted(present - wanted.keys()))
+    for path, parts in sorted(wanted.items()):
+        actual = path.read_text() if path.exists() else None
+        if actual == render(parts):
+            continue
+        filled = filled_holes(parts, actual) if actual is not None else None
+        if filled is None:
+            state.stale.append(path)
+        else:
+            state.filled[path] = filled
+    return state
+
+
+def describe_filled(filled: dict[Path, list[Hole]]) -> str:
+    labs = sorted({h.lab for holes in filled.values() for h in holes})
+    names = ", ".join(f"{h.function} (Lab {h.lab})" for holes in filled.values() for h in holes)
+    return f"labs/ holds your own code in: {names}. Grade it with " + " / ".join(f"`make grade LAB={n}`" for n in labs)
+
+
+def print_hints(lab: str, tier: int) -> int:
+    holes = [h for h in all_holes() if h.lab == lab]
+    if not holes:
+        print(f"no lab {lab}: the labs are {', '.join(sorted({h.lab for h in all_holes()}))}")
+        return 1
+    deepest = max(len(h.hints) for h in holes)
+    for hole in holes:
+        print(f"Lab {lab} · {hole.function}  (labs/{hole.path.removeprefix('solutions/')})")
+        print(f"  nudge:  {LAB_NUMBER.sub('', hole.nudge).strip()}")
+        for n, hint in enumerate(hole.hints[:tier], 1):
+            print(f"  hint {n}: {hint}")
+        print()
+    if tier < deepest:
+        print(f"more: `make hint LAB={lab} TIER={tier + 1}` ({deepest} tiers in all)")
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if labs/ is out of date; write nothing")
+    parser.add_argument("--allow-filled", action="store_true", help="with --check: accept holes the learner filled in")
+    parser.add_argument("--force", action="store_true", help="overwrite labs/ files even where holes are filled in")
+    parser.add_argument("--hints", metavar="LAB", help="print the opt-in hints of one lab instead of writing")
+    parser.add_argument("--tier", type=int, default=1, help="with --hints: how many tiers to show (default 1)")
     args = parser.parse_args()
-    wanted = lab_files()
-    present = {p for p in TARGET.rglob("*.py")} if TARGET.exists() else set()
-    stale = sorted(p for p, text in wanted.items() if not p.exists() or p.read_text() != text)
-    extra = sorted(present - wanted.keys())
+    if args.hints is not None:
+        return print_hints(args.hints, args.tier)
+    state = labs_state()
     if args.check:
-        for path in stale + extra:
+        for path in state.stale + state.extra:
             print(f"out of date: {path.relative_to(ROOT)}")
-        if stale or extra:
+        if state.filled and not args.allow_filled:
+            print(describe_filled(state.filled))
+            print(
+                "`make test` checks that labs/ holds exactly the generated holes (what the repository ships); "
+                "as a learner, run `make check`, which accepts your filled-in holes."
+            )
+            return 1
+        if state.stale or state.extra:
             print("labs/ is out of sync with solutions/: run `make labs` and commit the result")
             return 1
-        print(f"labs/ is in sync with solutions/ ({len(wanted)} files)")
+        note = f"; {sum(map(len, state.filled.values()))} hole(s) filled in by you" if state.filled else ""
+        print(f"labs/ is in sync with solutions/ ({len(lab_parts())} files{note})")
         return 0
-    for path in stale:
+    keep = {} if args.force else state.filled
+    wanted = lab_files()
+    written = state.stale + [p for p in state.filled if p not in keep]
+    for path in written:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(wanted[path])
-    for path in extra:
+    for path in state.extra:
         path.unlink()
-    print(f"wrote {len(stale)} file(s), removed {len(extra)} under labs/")
+    print(f"wrote {len(written)} file(s), removed {len(state.extra)} under labs/")
+    if keep:
+        print(f"kept {len(keep)} file(s) with your filled-in holes ({describe_filled(keep)}); --force overwrites them")
     return 0
 
 

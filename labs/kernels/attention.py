@@ -42,5 +42,5 @@ def gqa_attention(
     are padding and masked, and causal alignment uses ``kv_lens[b]`` in place of ``Lk``.
     Softmax runs in float32; the result has q's dtype and shape.
     """
-    raise NotImplementedError('Lab 0: fold each group of query heads onto its K/V head, mask (kv_lens, bottom-right causal), softmax in float32, multiply by v')
+    raise NotImplementedError('Lab 0: softmax(q k^T * scale + mask) v, where query head h reads K/V head h // (Hq // Hkv) (hints: make hint LAB=0)')
 

@@ -31,13 +31,13 @@ def online_softmax_update(
     Invariant on entry and exit: ``acc / denom[:, None]`` is softmax attention over the keys seen so far, with
     ``denom = sum exp(s - m)`` and ``m`` the row max so far. ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
     """
-    raise NotImplementedError("Lab 1: new max = max(m, rowmax(s)); rescale denom and acc by exp(m - new max); add this block's exp(s - new max)")
+    raise NotImplementedError('Lab 1: fold this block into the running max m, sum denom and output acc (what came before needs rescaling) (hints: make hint LAB=1)')
 
 
 @triton.jit
 def _online_softmax_step(m_i, l_i, acc, s, v):
     """The kernel's copy of ``online_softmax_update`` on base-2 scores ``s`` [BLOCK_M, BLOCK_N]."""
-    raise NotImplementedError("Lab 1: the same update with exp2; multiply p (cast to v's dtype) by v with tl.dot")
+    raise NotImplementedError('Lab 1: online_softmax_update again, in Triton, on base-2 scores (hints: make hint LAB=1)')
 
 
 @triton.jit
@@ -91,7 +91,7 @@ def _flash_fwd(
     hi = k_len
     if CAUSAL:
         hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M + shift)
-    raise NotImplementedError('Lab 1: loop over key blocks up to hi: load K and V tiles (masked past k_len), s = q k^T * qk_scale, mask ragged and causal entries to -inf, call _online_softmax_step')
+    raise NotImplementedError('Lab 1: loop over key blocks up to hi: load a K and a V tile, score, mask, update (m_i, l_i, acc) (hints: make hint LAB=1)')
 
     # Rows that see no key at all (causal with Lq > Lk) output 0, as a fully masked softmax row has no mass.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -42,7 +42,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     ``y = x / sqrt(mean(x**2) + eps) * weight``; the result has ``x``'s dtype.
     """
-    raise NotImplementedError('Lab 0: divide x by sqrt(mean(x**2) + eps) over the last dim, in float32, cast back, multiply by weight')
+    raise NotImplementedError("Lab 0: y = x / RMS(x) * weight over the last dim; compute in float32, return x's dtype (hints: make hint LAB=0)")
 
 
 def rope_inverse_frequencies(
@@ -94,7 +94,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Rotate-half convention: dimension ``j`` pairs with ``j + D/2``, so for each pair
     ``(a, b) -> (a cos - b sin, b cos + a sin)``.
     """
-    raise NotImplementedError('Lab 0: rotate-half RoPE: x * cos + cat(-x2, x1) * sin, where x1, x2 are the two halves of each head')
+    raise NotImplementedError("Lab 0: rotate dimension pair (j, j + D/2) of every head by its token's angle (hints: make hint LAB=0)")
 
 
 class RMSNorm(nn.Module):

@@ -26,11 +26,11 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the last dimension ({values.shape[-1]}) must be a multiple of {VALUES_PER_WORD} to pack")
     if values.numel() and (int(values.min()) < 0 or int(values.max()) > 15):
         raise ValueError(f"4-bit values must lie in [0, 15]; got [{int(values.min())}, {int(values.max())}]")
-    raise NotImplementedError('Lab 6: view as [..., K/8, 8] int32, shift value i left by 4*i, and OR (or sum) the eight together')
+    raise NotImplementedError('Lab 6: element k goes to word k // 8 at bit 4 * (k % 8); return int32 words (hints: make hint LAB=6)')
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """int32 ``[..., K // 8]`` -> uint8 ``[..., K]`` in [0, 15]; the inverse of ``pack_int4``."""
     if packed.dtype != torch.int32:
         raise ValueError(f"packed weights must be int32, got {packed.dtype}")
-    raise NotImplementedError('Lab 6: shift each word right by 4*i for i in 0..7, mask with 0xF, flatten the last two dims')
+    raise NotImplementedError('Lab 6: the inverse of pack_int4: take each 4-bit field back out of its word, as uint8 (hints: make hint LAB=6)')

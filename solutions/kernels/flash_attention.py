@@ -30,7 +30,11 @@ def online_softmax_update(
     Invariant on entry and exit: ``acc / denom[:, None]`` is softmax attention over the keys seen so far, with
     ``denom = sum exp(s - m)`` and ``m`` the row max so far. ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
     """
-    # BEGIN SOLUTION Lab 1: new max = max(m, rowmax(s)); rescale denom and acc by exp(m - new max); add this block's exp(s - new max)
+    # BEGIN SOLUTION Lab 1: fold this block into the running max m, sum denom and output acc (what came before needs rescaling)
+    # HINT: The new max is m' = max(m, rowmax(s)). denom and acc were sums of exp(score - m): multiply them by
+    #  exp(m - m') to make them relative to m', then add this block's exp(s - m') summed, and exp(s - m') @ v.
+    # HINT: A row whose keys so far are all masked has m' = -inf, and exp(-inf - (-inf)) is NaN: where m' is -inf,
+    #  subtract 0 instead (torch.where); the row's exp terms are then all 0, as they should be.
     m_new = torch.maximum(m, s.amax(dim=1))
     # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids inf - inf = nan.
     m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
@@ -43,7 +47,9 @@ def online_softmax_update(
 @triton.jit
 def _online_softmax_step(m_i, l_i, acc, s, v):
     """The kernel's copy of ``online_softmax_update`` on base-2 scores ``s`` [BLOCK_M, BLOCK_N]."""
-    # BEGIN SOLUTION Lab 1: the same update with exp2; multiply p (cast to v's dtype) by v with tl.dot
+    # BEGIN SOLUTION Lab 1: online_softmax_update again, in Triton, on base-2 scores
+    # HINT: tl.maximum, tl.max(s, 1), tl.math.exp2, tl.sum(p, 1) and tl.where give the same update; keep the -inf guard.
+    # HINT: p @ v is tl.dot(p.to(v.dtype), v): tl.dot wants both operands in one dtype, and acc stays float32.
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
@@ -105,7 +111,11 @@ def _flash_fwd(
     hi = k_len
     if CAUSAL:
         hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M + shift)
-    # BEGIN SOLUTION Lab 1: loop over key blocks up to hi: load K and V tiles (masked past k_len), s = q k^T * qk_scale, mask ragged and causal entries to -inf, call _online_softmax_step
+    # BEGIN SOLUTION Lab 1: loop over key blocks up to hi: load a K and a V tile, score, mask, update (m_i, l_i, acc)
+    # HINT: for start_n in range(0, hi, BLOCK_N): the block's key rows are cols = start_n + offs_n; load tiles like q
+    #  (k_base + cols[:, None] * stride_kn + offs_d[None, :]) with mask=cols[:, None] < k_len, other=0.0.
+    # HINT: s = tl.dot(q, tl.trans(k)) * qk_scale; a key is visible if cols < k_len and, when CAUSAL, cols <= offs_m + shift;
+    #  s = tl.where(visible, s, float('-inf')), then m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0)

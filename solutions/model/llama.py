@@ -41,7 +41,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     ``y = x / sqrt(mean(x**2) + eps) * weight``; the result has ``x``'s dtype.
     """
-    # BEGIN SOLUTION Lab 0: divide x by sqrt(mean(x**2) + eps) over the last dim, in float32, cast back, multiply by weight
+    # BEGIN SOLUTION Lab 0: y = x / RMS(x) * weight over the last dim; compute in float32, return x's dtype
+    # HINT: Why float32: in float16 the square of an activation near 300 is 90000, above float16's largest
+    #  value (65504), so it becomes inf and the row comes out 0. Upcast with x.float(), cast back at the end.
+    # HINT: RMS(x) = sqrt(mean(x**2) + eps) over the last dim; eps keeps a row of zeros from giving 0 / 0 = NaN.
+    #  torch.rsqrt and mean(dim=-1, keepdim=True) do it in two lines.
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return normed.to(x.dtype) * weight
@@ -97,7 +101,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Rotate-half convention: dimension ``j`` pairs with ``j + D/2``, so for each pair
     ``(a, b) -> (a cos - b sin, b cos + a sin)``.
     """
-    # BEGIN SOLUTION Lab 0: rotate-half RoPE: x * cos + cat(-x2, x1) * sin, where x1, x2 are the two halves of each head
+    # BEGIN SOLUTION Lab 0: rotate dimension pair (j, j + D/2) of every head by its token's angle
+    # HINT: Rotating (a, b) by angle t gives (a cos t - b sin t, b cos t + a sin t). Here a lives in the first
+    #  half of the head, b in the second, and cos/sin [T, D] already repeat each angle for both halves.
+    # HINT: So a whole head is x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-second half, first half);
+    #  cos and sin need a head axis to broadcast over x [T, H, D]: cos[:, None, :].
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

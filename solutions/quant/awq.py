@@ -63,7 +63,11 @@ def search_scale(
     """
     check_quant_args(weight.shape[1], w_bit, group_size)
     weight, x = weight.float(), x.float()
-    # BEGIN SOLUTION Lab 6: x_mean = mean |x| per input channel; for alpha = i / n_grid: s = x_mean**alpha (clamp >= 1e-4, divide by sqrt(max*min)), error = MSE of block(x @ (fake_quantize(W*s)/s).T) against block(x @ W.T) (block defaults to the identity); keep the best
+    # BEGIN SOLUTION Lab 6: try each alpha of the grid: scale W's input channels by mean|x|**alpha, quantize, unscale; keep the alpha whose error after block is lowest
+    # HINT: The grid is alpha = i / n_grid for i in range(n_grid), so alpha = 0 (s = 1) is plain RTN. s = x.abs().mean(0)
+    #  ** alpha, clamped to >= 1e-4, divided by sqrt(s.max() * s.min()); the quantized weight is fake_quantize(W * s) / s.
+    # HINT: The error is the mean of (block(x @ W_q.T) - block(x @ W.T))**2, with block the identity when None. Record each
+    #  alpha and its error in grid order, and return ScaleSearch(best scales, best alpha, alphas, errors).
     block = block or (lambda y: y)
     x_mean = x.abs().mean(dim=0)
     target = block(x @ weight.T)
