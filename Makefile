@@ -27,16 +27,16 @@ $(STAMP): requirements.txt
 lab: setup  ## open JupyterLab on the course, labs/ beside the notebooks (prints the URL when there is no browser)
 	$(VENV)/bin/jupyter lab $(JUPYTER_FLAGS) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_tour.ipynb
 
-test: setup  ## the whole suite: lint, labs in sync, unit and oracle tests, every notebook
+test: setup  ## the whole suite: lint, labs in sync, unit and oracle tests (two workers, one thread each), every notebook
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check
-	$(PY) -m pytest tests/ -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 check: setup  ## the learner's whole suite: as `make test`, but labs/ may hold your filled-in holes
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check --allow-filled
-	FASTMODE_ALLOW_FILLED_LABS=1 $(PY) -m pytest tests/ -q
+	FASTMODE_ALLOW_FILLED_LABS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 grade: setup  ## grade your lab with the tests that check the solutions: make grade LAB=0
