@@ -169,3 +169,31 @@ def walk_tree(
             top = int(p.argmax())
             token = top if p[top] >= p.sum() else int(torch.multinomial(p, 1, generator=generator))
             return path, token
+
+
+class TreeAttention:
+    """Wraps one step's paged attention for a batch where some requests verify trees.
+
+    The paged call writes every token's K/V into its slot and attends bottom-right causally, which is
+    wrong for tree rows; each tree's rows are then recomputed over its context's cached K/V plus the
+    tree's own, under the tree mask. ``trees``: ``(rows, context_slots, mask)`` per tree request, with
+    ``rows`` its slice of the step's flat batch, ``context_slots`` the cache rows of positions before the
+    root, ``mask`` its ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
+    """
+
+    def __init__(
+        self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
+    ):
+        self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = self.paged(layer, q, k, v)
+        for rows, context_slots, mask in self.trees:
+            cached_k = self.k_cache[layer].view(-1, *k.shape[1:])[context_slots]
+            cached_v = self.v_cache[layer].view(-1, *v.shape[1:])[context_slots]
+            n = mask.shape[0]
+            visible = torch.cat([torch.ones(n, len(context_slots), dtype=torch.bool), mask], dim=1)
+            out[rows] = masked_attention(
+                q[rows], torch.cat([cached_k, k[rows]]), torch.cat([cached_v, v[rows]]), visible
+            ).to(out.dtype)
+        return out

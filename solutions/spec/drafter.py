@@ -42,8 +42,11 @@ class NgramDrafter:
             for ids, limit in zip(token_ids, limits)
         ]
 
-    def observe(self, request_id: str, features: torch.Tensor | None) -> None:
+    def observe(self, request_id: str, features: torch.Tensor | None, first_position: int) -> None:
         pass
+
+    def ready(self, request_id: str, num_computed: int) -> bool:
+        return True
 
     def free(self, request_id: str) -> None:
         pass
@@ -52,8 +55,11 @@ class NgramDrafter:
 class EagleDrafter:
     """Chains (``propose``) and EAGLE-2 trees (``propose_tree``) from an ``EagleHead``.
 
-    Per request: ``committed`` head KV entries built from real target features, and ``pending`` real
-    features not fed to the head yet. Invariant: ``committed + len(pending) == request.num_computed``.
+    Per request: the head's KV holds entries for positions ``[start, committed)``, built from real target
+    features, and ``pending`` holds real features not fed to the head yet. Invariant when ready:
+    ``committed + len(pending) == request.num_computed``. ``start`` is 0 unless the request's first
+    positions were never computed by this target pass (a prefix-cache hit, a forked completion): the head
+    then drafts without that part of the context.
     """
 
     needs_features = True
@@ -63,32 +69,49 @@ class EagleDrafter:
         self.num_tokens = num_tokens
         self.tree_depth, self.tree_top_k = tree_depth, tree_top_k
         self.kv = DraftKV()
+        self.start: dict[str, int] = {}
         self.committed: dict[str, int] = {}
         self.pending: dict[str, list[torch.Tensor]] = {}
 
-    def observe(self, request_id: str, features: torch.Tensor | None) -> None:
-        """Real target features ``[m, H]`` for the request's next ``m`` computed positions."""
-        self.pending.setdefault(request_id, []).append(features)
+    def _known(self, request_id: str) -> int | None:
+        if request_id not in self.start:
+            return None
+        return self.committed[request_id] + sum(f.shape[0] for f in self.pending[request_id])
+
+    def observe(self, request_id: str, features: torch.Tensor, first_position: int) -> None:
+        """Real target features ``[m, H]`` for positions ``first_position ..``; a gap (a preempted request
+        recomputed from 0, a prefix-cache hit) starts the request's head state afresh there."""
+        if self._known(request_id) != first_position:
+            self.free(request_id)
+            self.start[request_id] = self.committed[request_id] = first_position
+            self.pending[request_id] = []
+        self.pending[request_id].append(features)
+
+    def ready(self, request_id: str, num_computed: int) -> bool:
+        """Whether the head holds or awaits features for every computed position since its start."""
+        known = self._known(request_id)
+        return known == num_computed and known > self.committed[request_id]
 
     def free(self, request_id: str) -> None:
         self.kv.free(request_id)
-        self.committed.pop(request_id, None)
-        self.pending.pop(request_id, None)
+        for state in (self.start, self.committed, self.pending):
+            state.pop(request_id, None)
 
     def _catch_up(self, request_ids: list[str], token_ids: list[list[int]]) -> torch.Tensor:
         """Feed every request's pending real features to the head (dropping its speculative entries);
         returns the head's output at each request's newest pair ``[B, H]``: its guess of the root's feature."""
         features, next_ids, positions, lengths = [], [], [], []
         for request_id, ids in zip(request_ids, token_ids):
-            done = self.committed.get(request_id, 0)
-            self.kv.truncate(request_id, done)
-            pending = torch.cat(self.pending.pop(request_id, []) or [torch.empty(0, self.head.config.hidden_size)])
-            count = pending.shape[0]
-            if count == 0 or done + count != len(ids) - 1:
+            if not self.ready(request_id, len(ids) - 1):
                 raise RuntimeError(
-                    f"request {request_id}: the drafter holds features for {done + count} positions, "
+                    f"request {request_id}: the drafter holds features up to position {self._known(request_id)}, "
                     f"but the sequence has {len(ids) - 1} computed tokens"
                 )
+            done = self.committed[request_id]
+            self.kv.truncate(request_id, done - self.start[request_id])
+            pending = torch.cat(self.pending[request_id])
+            self.pending[request_id] = []
+            count = pending.shape[0]
             features.append(pending)
             next_ids += ids[done + 1 : done + count + 1]
             positions += range(done, done + count)
@@ -152,6 +175,7 @@ class EagleDrafter:
         head = self.head
         device = root_hidden.device
         done = self.committed[request_id]
+        context = done - self.start[request_id]  # the head's KV entries built from real features
         kv_row: dict[int, int] = {}  # candidate -> its entry in the head's KV (expanded candidates only)
         hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}
         depth_of: dict[int, int] = {-1: 0}
@@ -162,7 +186,7 @@ class EagleDrafter:
                 kv_row[cand] = past + offset
                 depth_of[cand] = depth_of[parents[cand]] + 1
             visible = torch.zeros(len(frontier), past + len(frontier), dtype=torch.bool)
-            visible[:, :done] = True
+            visible[:, :context] = True
             for offset, cand in enumerate(frontier):
                 node = cand
                 while node != -1:

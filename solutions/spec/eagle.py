@@ -125,6 +125,12 @@ class DraftKV:
             self.keys[seq_id] = self.keys[seq_id][:length]
             self.values[seq_id] = self.values[seq_id][:length]
 
+    def keep(self, seq_id: str, rows: list[int]) -> None:
+        """Keep only the entries at ``rows``, in that order (a tree's accepted path, moved behind its context)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys[seq_id].device)
+        self.keys[seq_id] = self.keys[seq_id].index_select(0, index)
+        self.values[seq_id] = self.values[seq_id].index_select(0, index)
+
     def free(self, seq_id: str) -> None:
         self.keys.pop(seq_id, None)
         self.values.pop(seq_id, None)

@@ -1,88 +1,146 @@
-"""Speculative decoding in miniature, without the engine: draft, verify in one target pass, accept, repeat.
+"""Speculative decoding in miniature, one sequence, without the engine: draft, verify, accept, roll back.
 
-The target recomputes the whole sequence at every step (no KV cache), so nothing hides the algorithm;
-the engine (``LLM(speculative=...)``) runs the same drafters and verifier over the paged cache.
+The target keeps a plain contiguous KV cache per layer (a ``DraftKV`` keyed by layer). Each pass feeds
+the root (the newest token) and the drafts; afterwards the rejected drafts' K/V are cut off, and for a
+tree the accepted path's entries are moved up behind the context. The engine (``LLM(speculative=...)``)
+runs the same drafters and verifier over the paged cache and a batch of requests.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
 
 import torch
 
 from ..model.llama import LlamaModel
 from .drafter import EagleDrafter, NgramDrafter
-from .eagle import target_features
+from .eagle import DraftKV, target_features
 from .rejection import target_probs, verify
-from .tree import masked_attention, tree_attention_mask, tree_positions, walk_tree
+from .tree import tree_attention_mask, tree_positions, walk_tree
 
 
-@torch.inference_mode()
-def target_pass(
-    model: LlamaModel, token_ids: list[int], tree_parents: list[int] | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features ``[L, H]`` and float32 logits ``[L, V]`` at every position of ``token_ids``.
+@dataclass
+class LoopResult:
+    """The generated tokens; per target pass, the drafts it verified and the tokens it yielded; the time."""
 
-    With ``tree_parents``, the last ``len(tree_parents)`` tokens form a draft tree (its root first): they
-    sit at their depth's position and attend to the context before the root and to their ancestors.
-    """
-    length = len(token_ids)
-    visible = torch.ones(length, length, dtype=torch.bool).tril()
-    positions = torch.arange(length)
-    if tree_parents is not None:
-        root = length - len(tree_parents)
-        visible[root:, root:] = tree_attention_mask(tree_parents)
-        positions[root:] = tree_positions(tree_parents, root)
-    device = model.norm.weight.device
-    hidden = model(
-        torch.tensor(token_ids, device=device),
-        positions.to(device),
-        lambda layer, q, k, v: masked_attention(q, k, v, visible),
-    )
-    features = target_features(model, hidden)
-    return features, model.lm_head(features).float()
+    token_ids: list[int]
+    drafted: list[int] = field(default_factory=list)
+    per_pass: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target pass (the mean acceptance length)."""
+        return sum(self.per_pass) / max(1, len(self.per_pass))
+
+    @property
+    def alpha(self) -> float:
+        """Per-draft acceptance rate: accepted drafts over drafts that were reached (a chain stops at its
+        first rejection), Leviathan et al.'s alpha."""
+        accepted = [n - 1 for n in self.per_pass]
+        reached = sum(a + (a < d) for a, d in zip(accepted, self.drafted))
+        return sum(accepted) / max(1, reached)
+
+
+class CachedTarget:
+    """The target over one sequence with a contiguous per-layer KV cache that can be cut and compacted."""
+
+    def __init__(self, model: LlamaModel):
+        self.model = model
+        self.kv = DraftKV()
+        self.length = 0  # tokens whose K/V are cached
+
+    @torch.inference_mode()
+    def forward(
+        self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed new tokens (``mask`` ``[n, n]`` among them; default causal): their features and logits."""
+        n = len(token_ids)
+        new = torch.ones(n, n, dtype=torch.bool).tril() if mask is None else mask
+        visible = torch.cat([torch.ones(n, self.length, dtype=torch.bool), new], dim=1)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self.kv.attend([str(layer)], [n], [visible])(layer, q, k, v)
+
+        device = self.model.norm.weight.device
+        hidden = self.model(torch.tensor(token_ids, device=device), positions.to(device), attend)
+        self.length += n
+        features = target_features(self.model, hidden)
+        return features, self.model.lm_head(features).float()
+
+    def keep(self, rows: list[int]) -> None:
+        for layer in range(self.model.config.num_layers):
+            self.kv.keep(str(layer), rows)
+        self.length = len(rows)
 
 
 def speculative_generate(
     model: LlamaModel,
-    drafter: EagleDrafter | NgramDrafter,
+    drafter: EagleDrafter | NgramDrafter | None,
     prompt_ids: list[int],
     max_tokens: int,
     temperature: float = 0.0,
     tree_nodes: int = 0,
     generator: torch.Generator | None = None,
-) -> tuple[list[int], list[int]]:
-    """Generate ``max_tokens`` tokens; returns them and the number of tokens each target pass yielded.
+) -> LoopResult:
+    """Generate ``max_tokens`` tokens after ``prompt_ids`` (``drafter`` None: plain decoding, one token a pass).
 
     ``tree_nodes > 0`` drafts EAGLE-2 trees of that many nodes (an ``EagleDrafter`` with a tree depth).
     """
     request_id = "loop"
-    features, logits = target_pass(model, prompt_ids)
+    target = CachedTarget(model)
+    result = LoopResult([])
+    clock = time.perf_counter()
+    features, logits = target.forward(prompt_ids, torch.arange(len(prompt_ids)))
     first = verify(
         torch.empty(1, 0, dtype=torch.long), target_probs(logits[-1:], temperature)[None], generators=generator
     )
     ids = list(prompt_ids) + [int(first[1][0])]
-    drafter.observe(request_id, features)
-    per_pass: list[int] = []
+    if drafter is not None:
+        drafter.observe(request_id, features, 0)
+    result.target_seconds += time.perf_counter() - clock
     try:
         while len(ids) - len(prompt_ids) < max_tokens:
             limit = max_tokens - (len(ids) - len(prompt_ids)) - 1
             root = len(ids) - 1
-            if tree_nodes:
+            clock = time.perf_counter()
+            tree = None
+            if drafter is None:
+                drafts, probs = [], None
+            elif tree_nodes:
                 tree = drafter.propose_tree(request_id, ids, tree_nodes)
-                features, logits = target_pass(model, ids + tree.token_ids[1:], tree.parents)
-                path, token = walk_tree(tree, target_probs(logits[root:], temperature), generator)
-                accepted = [tree.token_ids[node] for node in path]
-                rows = [root] + [root + node for node in path]
             else:
                 draft = drafter.propose([request_id], [ids], [limit], [temperature])[0]
-                features, logits = target_pass(model, ids + draft.token_ids)
-                drafts = torch.tensor([draft.token_ids], dtype=torch.long)
-                probs = None if draft.probs is None else draft.probs[None]
-                num, nxt = verify(drafts, target_probs(logits[root:], temperature)[None], probs, generators=generator)
-                accepted, token = draft.token_ids[: int(num[0])], int(nxt[0])
-                rows = list(range(root, root + len(accepted) + 1))
-            drafter.observe(request_id, features[rows])
+                drafts, probs = draft.token_ids, draft.probs
+            draft_done = time.perf_counter()
+            result.draft_seconds += draft_done - clock
+            if tree is not None:
+                features, logits = target.forward(
+                    tree.token_ids, tree_positions(tree.parents, root), tree_attention_mask(tree.parents)
+                )
+                path, token = walk_tree(tree, target_probs(logits, temperature), generator)
+                accepted = [tree.token_ids[node] for node in path]
+                rows = [0] + path
+            else:
+                features, logits = target.forward([ids[-1]] + drafts, torch.arange(root, root + 1 + len(drafts)))
+                draft_ids = torch.tensor([drafts], dtype=torch.long)
+                num, nxt = verify(
+                    draft_ids, target_probs(logits, temperature)[None], None if probs is None else probs[None],
+                    generators=generator,
+                )  # fmt: skip
+                accepted, token = drafts[: int(num[0])], int(nxt[0])
+                rows = list(range(len(accepted) + 1))
+            target.keep(list(range(root)) + [root + r for r in rows])  # drop rejected drafts' K/V
+            if drafter is not None:
+                drafter.observe(request_id, features[rows], root)
             ids += accepted + [token]
-            per_pass.append(len(accepted) + 1)
+            result.drafted.append(len(tree) - 1 if tree is not None else len(drafts))
+            result.per_pass.append(len(accepted) + 1)
+            result.target_seconds += time.perf_counter() - draft_done
     finally:
-        drafter.free(request_id)
-    return ids[len(prompt_ids) : len(prompt_ids) + max_tokens], per_pass
+        if drafter is not None:
+            drafter.free(request_id)
+    result.token_ids = ids[len(prompt_ids) : len(prompt_ids) + max_tokens]
+    return result
