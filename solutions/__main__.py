@@ -10,6 +10,7 @@ BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
     "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
+    "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
 }
 
 

@@ -15,7 +15,11 @@ QUANTIZATION_METHODS = ("rtn", "awq")
 class EngineConfig:
     """``device`` "auto" picks CUDA when present, else CPU; ``dtype`` "auto" is bfloat16 on CUDA, float32 on CPU.
 
-    ``max_num_seqs`` sequences run at once, each with a cache slot of ``max_model_len`` tokens.
+    Scheduling (Lesson 3): each step runs at most ``max_num_seqs`` sequences and ``max_num_batched_tokens``
+    tokens (default 512 on CPU, 8192 on CUDA), prompts chunked to fit; no sequence exceeds ``max_model_len``.
+    KV cache (Lesson 2): ``kv_cache_memory`` bytes of paged blocks of ``kv_block_size`` tokens (default on CPU
+    1 GiB; on CUDA ``gpu_memory_utilization`` of the memory left after the weights), with automatic prefix
+    caching unless ``enable_prefix_caching`` is False.
     ``attention_backend`` "auto" (or ``$FASTMODE_ATTENTION``) picks the attention implementation.
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
     ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions.quant.awq``.
@@ -24,8 +28,13 @@ class EngineConfig:
     model: str | None = None
     device: str = "auto"
     dtype: str = "auto"
-    max_num_seqs: int = 16
+    max_num_seqs: int = 32
     max_model_len: int = 2048
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory: int | None = None
+    kv_block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
     num_threads: int | None = None
     quantization: str | None = None
@@ -47,6 +56,16 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 8192 if self.device.startswith("cuda") else 512
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
+            raise ValueError(f"kv_block_size must be a power of two, got {self.kv_block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend == "auto":
             self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
         if self.attention_backend not in ATTENTION_BACKENDS:

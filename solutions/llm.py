@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
+
+from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine.engine import Engine
@@ -27,13 +30,21 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion as one batch; outputs come back in prompt order."""
+        """Run every prompt to completion with continuous batching; outputs come back in prompt order.
+
+        ``use_tqdm`` shows a progress bar over finished requests (default: for more than 8 prompts)."""
         final: dict[str, RequestOutput] = {}
-        order = []
-        for output in self._stream(prompts, sampling_params, order):
-            if output.finished:
-                final[output.request_id] = output
+        order: list[str] = []
+        stream = self._stream(prompts, sampling_params, order)
+        first = next(stream, None)
+        show = len(order) > 8 if use_tqdm is None else use_tqdm
+        with tqdm(total=len(order), desc="Processed prompts", unit="req", disable=not show) as progress:
+            for output in itertools.chain([first] if first else [], stream):
+                if output.finished:
+                    final[output.request_id] = output
+                    progress.update(1)
         return [final[request_id] for request_id in order]
 
     def stream(
@@ -70,10 +81,10 @@ class LLM:
         if self.engine.has_unfinished_requests():
             raise RuntimeError("the engine is still running an earlier batch (an unfinished stream?)")
         engine = self.engine
-        requests = engine.add_requests(prompts, params)
-        order.extend(r.request_id for r in requests)
+        request_ids = engine.add_requests(prompts, params)
+        order.extend(request_ids)
         try:
             while engine.has_unfinished_requests():
                 yield from engine.step()
         finally:
-            engine.abort([r.request_id for r in requests])
+            engine.abort(request_ids)

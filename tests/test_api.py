@@ -120,17 +120,24 @@ def test_abandoned_stream_frees_the_engine(llm, sp):
 def test_top_k_top_p_filter(load):
     sampler = load("engine.sampler")
     logits = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
-    kept = lambda filtered: torch.isfinite(filtered).nonzero().flatten().tolist()
-    assert kept(sampler.filter_top_k_top_p(logits, top_k=2, top_p=1.0)) == [0, 1]
-    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.7)) == [0, 1]  # 0.5 + 0.2 reaches 0.7
-    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.71)) == [0, 1, 2]
-    assert kept(sampler.filter_top_k_top_p(logits, top_k=0, top_p=0.1)) == [0]  # the best token always stays
+
+    def kept(row: torch.Tensor, top_k: int, top_p: float) -> list[int]:
+        filtered = sampler.filter_top_k_top_p(row[None], [top_k], [top_p])[0]
+        return torch.isfinite(filtered).nonzero().flatten().tolist()
+
+    assert kept(logits, top_k=2, top_p=1.0) == [0, 1]
+    assert kept(logits, top_k=0, top_p=0.7) == [0, 1]  # 0.5 + 0.2 reaches 0.7
+    assert kept(logits, top_k=0, top_p=0.71) == [0, 1, 2]
+    assert kept(logits, top_k=0, top_p=0.1) == [0]  # the best token always stays
     shuffled = logits[[3, 0, 4, 2, 1]]
-    assert kept(sampler.filter_top_k_top_p(shuffled, top_k=0, top_p=0.7)) == [1, 4]
+    assert kept(shuffled, top_k=0, top_p=0.7) == [1, 4]
+    # One call filters every row by its own settings.
+    both = sampler.filter_top_k_top_p(torch.stack([logits, shuffled]), [1, 0], [1.0, 0.7])
+    assert torch.isfinite(both).nonzero().tolist() == [[0, 0], [1, 1], [1, 4]]
 
 
 def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):
-    """The fixture engine has 8 slots: 11 prompts run as two batches, and each gets its own answer."""
+    """The fixture engine runs 8 sequences at once: 11 prompts still all complete, each with its own answer."""
     params = sp(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [f"Item number {i} on my list is" for i in range(11)]
     batched = llm.generate(prompts, params)

@@ -62,11 +62,11 @@ def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
     model, tokenizer = hf_oracle
     params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=1)
     engine = llm.engine
-    requests = engine.add_requests(PROMPTS[:3], [params] * 3)
-    batch = engine.scheduler.schedule()
-    logits = engine.runner.run(batch.requests).double()
-    for request in requests:
-        engine.scheduler.finish(request)
+    request_ids = engine.add_requests(PROMPTS[:3], [params] * 3)
+    plan = engine.scheduler.schedule()  # one flat step: all three prompts fit the token budget
+    out = engine.runner.execute(plan, [engine.kv.block_table(r.request_id) for r in plan.scheduled])
+    logits = out.logits[[out.rows[request_id].start for request_id in request_ids]].double()
+    engine.abort(request_ids)
     for row, prompt in enumerate(PROMPTS[:3]):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         with torch.inference_mode():

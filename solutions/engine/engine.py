@@ -1,21 +1,37 @@
-"""The engine loop: admit requests, and each ``step()`` schedule, run the model, sample, and emit outputs."""
+"""The engine loop: ``add_request`` queues work; each ``step()`` schedules, runs the model once, samples,
+appends, and returns what advanced.
+
+    step():  plan = scheduler.schedule()                 which requests run how many tokens (no tensors)
+             out = runner.execute(plan, block tables)    one flat forward pass over every scheduled token
+             tokens = sampler(out.logits)                one batched draw (or a verifier, Lesson 4)
+             update(request, tokens)                     append any number of tokens, stop rules, free blocks
+             return snapshots of the requests that advanced
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
+from ..cache.kv_cache_manager import KVCacheManager
+from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
+from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
-from .request import Request
-from .runner import ModelRunner
-from .sampler import sample
+from .request import Request, RequestGroup, Status
+from .runner import ModelOutput, ModelRunner
+from .sampler import sample, sampling_probs
 from .sampling_params import SamplingParams
-from .scheduler import StaticBatchScheduler
+from .scheduler import Scheduler, SchedulerOutput
+
+log = logging.getLogger("fastmode")
+CPU_KV_CACHE_BYTES = 1 << 30  # a laptop holds 1 GiB of KV cache: 23k tokens of SmolLM2-135M in float32
 
 
 @dataclass(frozen=True)
@@ -40,34 +56,71 @@ class Engine:
 
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
-        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len, config.attention_backend)
-        self.scheduler = StaticBatchScheduler(config.max_num_seqs)
+        self.eos_token_ids = frozenset({self.tokenizer.eos_token_id} - {None})
+        cache = self._allocate_kv_cache()
+        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
+        self.runner = ModelRunner(self.model, cache, config.attention_backend)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
-        self.requests: dict[str, Request] = {}  # unfinished requests by id
 
-    def add_requests(
-        self, prompts: list[str | list[int]], params: list[SamplingParams], request_ids: list[str | None] | None = None
-    ) -> list[Request]:
-        """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
-        ids = request_ids or [None] * len(prompts)
-        requests = [self._new_request(*args) for args in zip(prompts, params, ids, strict=True)]
-        for request in requests:
-            self.requests[request.request_id] = request
-            self.scheduler.add(request)
-        return requests
+    def _allocate_kv_cache(self) -> PagedKVCache:
+        """Size the paged cache from the budget; fail now if one ``max_model_len`` sequence cannot fit."""
+        c, cfg = self.model_config, self.config
+        dtype = self.model.norm.weight.dtype
+        per_block = PagedKVCache.bytes_per_block(c.num_layers, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype)
+        budget = cfg.kv_cache_memory
+        if budget is None and cfg.device.startswith("cuda"):
+            free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
+            budget = int(free - (1 - cfg.gpu_memory_utilization) * total)
+        elif budget is None:
+            budget = CPU_KV_CACHE_BYTES
+        num_blocks = budget // per_block
+        blocks_per_seq = -(-self.max_model_len // cfg.kv_block_size)
+        if num_blocks < blocks_per_seq + 1:  # + the null block
+            needed = (blocks_per_seq + 1) * per_block
+            raise ValueError(
+                f"the KV cache budget of {budget:,} bytes holds {num_blocks} blocks, but one sequence of "
+                f"max_model_len={self.max_model_len} tokens needs {needed:,} bytes ({blocks_per_seq} blocks of "
+                f"{cfg.kv_block_size} tokens, {per_block:,} bytes each, plus the null block): raise "
+                f"kv_cache_memory to at least {needed:,} or lower max_model_len"
+            )
+        log.info(
+            "KV cache: %d blocks of %d tokens (%.0f MiB); %.1f sequences of max_model_len=%d fit",
+            num_blocks,
+            cfg.kv_block_size,
+            num_blocks * per_block / 2**20,
+            (num_blocks - 1) / blocks_per_seq,
+            self.max_model_len,
+        )
+        c = self.model_config
+        return PagedKVCache(
+            c.num_layers, num_blocks, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype, self.model.norm.weight.device
+        )
+
+    # -- submitting work ---------------------------------------------------------------------------------
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
         """Queue one request; returns its id (``request_id`` if given: it must not be in use)."""
-        return self.add_requests([prompt], [params], [request_id])[0].request_id
+        return self.add_requests([prompt], [params], [request_id])[0]
 
-    def abort(self, request_ids: str | list[str]) -> None:
-        """Drop unfinished requests (a stream closed early, a client gone) and free their cache slots."""
-        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
-            request = self.requests.pop(request_id, None)
-            if request is not None and not request.finished:
-                self.scheduler.abort(request)
+    def add_requests(
+        self, prompts: list[str | list[int]], params: list[SamplingParams], request_ids: list[str | None] | None = None
+    ) -> list[str]:
+        """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
+        ids = request_ids or [None] * len(prompts)
+        now = time.perf_counter()
+        groups = [self._new_group(*args, now) for args in zip(prompts, params, ids, strict=True)]
+        if len({g.request_id for g in groups}) != len(groups):
+            raise ValueError("request ids must be unique")
+        for group in groups:
+            self.groups[group.request_id] = group
+            self.scheduler.add(self._new_request(group, 0))
+        return [g.request_id for g in groups]
 
-    def _new_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None) -> Request:
+    def _new_group(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None, now: float
+    ) -> RequestGroup:
         """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
         if isinstance(prompt, str):
             if not prompt:
@@ -90,37 +143,109 @@ class Engine:
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if request_id is None:
             request_id = str(next(self._ids))
-        elif request_id in self.requests:
+        elif request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return Request(request_id, text, token_ids, params)
+        return RequestGroup(request_id, text, token_ids, params, now)
+
+    def _new_request(self, group: RequestGroup, index: int) -> Request:
+        request_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
+        detokenizer = IncrementalDetokenizer(self.tokenizer.backend, group.prompt_token_ids, group.params.stop)
+        request = Request(request_id, group, index, detokenizer)
+        group.requests.append(request)
+        return request
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Drop unfinished requests (a stream closed early, a client gone) and free all their blocks at once."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            group = self.groups.pop(request_id, None)
+            for request in group.requests if group else []:
+                if not request.finished:
+                    request.finish_reason = "abort"
+                    self.scheduler.finish(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
 
     def stats(self) -> EngineStats:
         """What a metrics endpoint reports: queue lengths and KV cache use, right now."""
-        scheduler = self.scheduler
-        total = self.config.max_num_seqs
         return EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            kv_blocks_used=total - len(scheduler.free_slots),
-            kv_blocks_total=total,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.kv.num_blocks - 1,
         )
 
-    def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+    # -- one iteration -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return a snapshot of every request that advanced in it."""
-        batch = self.scheduler.schedule()
-        if batch is None:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
             return []
-        logits = self.runner.run(batch.requests)
-        tokens = sample(logits, [r.params for r in batch.requests], [r.generator for r in batch.requests])
+        now = time.perf_counter()
+        for request in plan.scheduled:
+            if request.group.metrics.first_scheduled_time is None:
+                request.group.metrics.first_scheduled_time = now
+                request.group.metrics.num_cached_tokens = request.num_computed
+        out = self.runner.execute(plan, [self.kv.block_table(r.request_id) for r in plan.scheduled])
+        for request in plan.scheduled:
+            request.num_computed += plan.num_scheduled_tokens[request.request_id]
+        advanced: dict[str, RequestGroup] = {}
+        for request, tokens in self._sample(plan, out):
+            self._update(request, tokens)
+            advanced[request.group.request_id] = request.group
+        for request in plan.scheduled:
+            if request.status is Status.RUNNING:
+                self.kv.cache_full_blocks(request)
+        now = time.perf_counter()
         outputs = []
-        for request, token in zip(batch.requests, tokens):
-            text = self.tokenizer.decode(request.output_token_ids + [token])
-            request.append_token(token, text, self.tokenizer.eos_token_id, self.max_model_len)
-            if request.finished:
-                self.scheduler.finish(request)
-                del self.requests[request.request_id]
-            outputs.append(request.output())
+        for group in advanced.values():
+            metrics = group.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
+            metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
+            if group.finished:
+                metrics.finished_time = now
+                del self.groups[group.request_id]
+            outputs.append(group.output())
         return outputs
+
+    def _sample(self, plan: SchedulerOutput, out: ModelOutput) -> list[tuple[Request, list[int]]]:
+        """New tokens for each request that reached the end of its tokens. A group whose prompt has just been
+        computed forks its other ``n - 1`` completions here, each sampling from the same logits row."""
+        rows, requests = [], []
+        for request in plan.scheduled:
+            span = out.rows.get(request.request_id)
+            if span is None:
+                continue
+            rows.append(span.stop - 1)
+            requests.append(request)
+            group = request.group
+            if len(group.requests) < group.params.n:
+                for index in range(1, group.params.n):
+                    child = self._new_request(group, index)
+                    self.kv.fork(request, child)
+                    child.num_computed = request.num_computed
+                    self.scheduler.add_running(child, after=request)
+                    rows.append(span.stop - 1)
+                    requests.append(child)
+        if not rows:
+            return []
+        logits = out.logits[rows]
+        params = [r.params for r in requests]
+        if all(p.greedy for p in params):
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = sample(sampling_probs(logits, params), [r.generator for r in requests])
+        return [(r, [token]) for r, token in zip(requests, tokens)]
+
+    def _update(self, request: Request, tokens: list[int]) -> None:
+        """The one update path: append any number of accepted tokens, apply the stop rules, and free a
+        finished request's blocks."""
+        stop_ids = frozenset(request.params.stop_token_ids)
+        if not request.params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        request.append_tokens(tokens, stop_ids, self.max_model_len)
+        if request.status is Status.FINISHED:
+            self.scheduler.finish(request)

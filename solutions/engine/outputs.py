@@ -7,16 +7,26 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """Wall-clock times (``time.perf_counter`` seconds) of one request, and the figures derived from them.
+    """Wall-clock times (``time.perf_counter`` seconds) of one request, and the figures vLLM derives from them.
 
-    TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1), as vLLM defines it.
+    queue time = first scheduled - arrival; TTFT = first token - arrival; TPOT = (finish - first token) /
+    (output tokens - 1); ITL = the gaps between successive steps that gave the request tokens;
+    latency = finish - arrival. ``token_times`` holds the time of each step that added tokens.
     """
 
     arrival_time: float
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    num_preemptions: int = 0
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -33,10 +43,21 @@ class RequestMetrics:
         return (self.finished_time - self.first_token_time) / (self.num_output_tokens - 1)
 
     @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the time between successive steps that produced output."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
     def tokens_per_s(self) -> float | None:
         """Output tokens per second of this request's whole lifetime (its user's speed)."""
         latency = self.latency
         return None if not latency else self.num_output_tokens / latency
+
+    def snapshot(self) -> RequestMetrics:
+        """A copy that later steps do not change."""
+        copy = RequestMetrics(**{k: v for k, v in vars(self).items() if k != "token_times"})
+        copy.token_times = list(self.token_times)
+        return copy
 
     def summary(self) -> str:
         parts = [] if self.ttft is None else [f"TTFT {1e3 * self.ttft:.1f} ms"]
@@ -53,13 +74,16 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" (EOS or a stop string) | "length" | None while running
+    finish_reason: str | None = None  # "stop" (EOS, a stop token or string) | "length" | "abort" | None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class RequestOutput:
+    """One request's completions (``SamplingParams.n`` of them), as of the latest step."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

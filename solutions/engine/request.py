@@ -1,12 +1,19 @@
-"""One request's life inside the engine: its tokens, its cache slot, its detokenized text, its stop test."""
+"""A request's life inside the engine.
+
+``Request`` is what the scheduler schedules: one token sequence with its KV blocks (owned by the
+``KVCacheManager`` under ``request_id``), its sampled tokens, its detokenizer and its stop test.
+``RequestGroup`` is what the user submitted: one prompt and ``SamplingParams.n`` completions. With
+``n > 1`` the group's first request prefills the prompt alone; when its first token is sampled, the other
+completions fork from it, sharing every prompt block (copy-on-write on the last, partly full one).
+"""
 
 from __future__ import annotations
 
 import enum
-import time
 
 import torch
 
+from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 
@@ -18,25 +25,27 @@ class Status(enum.Enum):
 
 
 class Request:
-    """Invariant: ``num_computed`` tokens of ``all_token_ids`` are in the KV cache; the rest await a step."""
+    """Invariant: ``num_computed <= num_tokens``, and tokens ``[0, num_computed)`` of ``all_token_ids`` have
+    their K/V in this request's blocks. ``spec_token_ids`` are draft tokens to verify in the next step
+    (Lesson 4); they are not part of ``all_token_ids`` until accepted."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams):
+    def __init__(self, request_id: str, group: RequestGroup, index: int, detokenizer: IncrementalDetokenizer):
         self.request_id = request_id
-        self.prompt = prompt
-        self.prompt_token_ids = list(prompt_token_ids)
+        self.group = group
+        self.index = index
+        self.params = group.params
+        self.prompt_token_ids = group.prompt_token_ids
         self.output_token_ids: list[int] = []
-        self.params = params
+        self.spec_token_ids: list[int] = []
         self.status = Status.WAITING
-        self.slot: int | None = None
         self.num_computed = 0
-        self.text = ""
-        self._emitted_text = 0
-        self._emitted_tokens = 0
+        self.detokenizer = detokenizer
         self.finish_reason: str | None = None
-        self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_token_ids))
+        self.stop_reason: int | str | None = None
+        self._emitted_tokens = 0
         self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed + index)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -50,46 +59,56 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append_token(self, token_id: int, text: str, eos_token_id: int | None, max_model_len: int) -> None:
-        """Record a sampled token and its newly decoded full text, then apply the stop rules."""
-        now = time.perf_counter()
-        if not self.output_token_ids:
-            self.metrics.first_token_time = now
-        self.output_token_ids.append(token_id)
-        self.metrics.num_output_tokens = len(self.output_token_ids)
+    def append_tokens(self, token_ids: list[int], stop_ids: frozenset[int], max_model_len: int) -> None:
+        """Record newly accepted tokens one by one, stopping at the first that ends the request."""
         params = self.params
-        if token_id == eos_token_id and not params.ignore_eos:
-            self.finish_reason = "stop"  # EOS is a special token: the decoded text already leaves it out
-        for stop in params.stop:
-            # Only the newest characters can complete a stop string.
-            found = text.find(stop, max(0, len(self.text) - len(stop)))
-            if found != -1:
-                text, self.finish_reason = text[:found], "stop"
-                break
-        self.text = text
-        if self.finish_reason is None and (
-            len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len
-        ):
-            self.finish_reason = "length"
-        if self.finish_reason is not None:
-            self.status = Status.FINISHED
-            self.metrics.finished_time = now
+        for token_id in token_ids:
+            self.output_token_ids.append(token_id)
+            stop_string = self.detokenizer.add(token_id)
+            if token_id in stop_ids:
+                self.finish_reason, self.stop_reason = "stop", token_id
+            elif stop_string is not None:
+                self.finish_reason, self.stop_reason = "stop", stop_string
+            elif len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+                self.finish_reason = "length"
+            if self.finish_reason is not None:
+                self.status = Status.FINISHED
+                return
 
-    def output(self) -> RequestOutput:
-        """A snapshot with everything generated so far; deltas cover what is new since the last snapshot."""
-        # Hold back a trailing partial UTF-8 character (decoded as U+FFFD) until its bytes complete.
-        stable = len(self.text) if self.finished or not self.text.endswith("\ufffd") else len(self.text) - 1
-        delta_text = self.text[self._emitted_text : stable]
+    def completion(self) -> CompletionOutput:
+        """Everything generated so far; the deltas cover what is new since the previous call."""
         delta_tokens = self.output_token_ids[self._emitted_tokens :]
-        self._emitted_text, self._emitted_tokens = max(stable, self._emitted_text), len(self.output_token_ids)
-        completion = CompletionOutput(
-            index=0,
-            text=self.text,
+        self._emitted_tokens = len(self.output_token_ids)
+        return CompletionOutput(
+            index=self.index,
+            text=self.detokenizer.text,
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,
-            delta_text=delta_text,
+            stop_reason=self.stop_reason,
+            delta_text=self.detokenizer.delta(self.finished),
             delta_token_ids=delta_tokens,
         )
+
+
+class RequestGroup:
+    """One submitted prompt and its ``n`` completions; the metrics count every completion's tokens."""
+
+    def __init__(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams, now: float
+    ):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.requests: list[Request] = []
+        self.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids))
+
+    @property
+    def finished(self) -> bool:
+        return len(self.requests) == self.params.n and all(r.finished for r in self.requests)
+
+    def output(self) -> RequestOutput:
+        completions = [r.completion() for r in self.requests]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, [completion], self.finished, self.metrics
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished, self.metrics.snapshot()
         )

@@ -10,15 +10,19 @@ class SamplingParams:
     """``temperature == 0`` means greedy decoding (top_p / top_k are then ignored).
 
     ``top_k == 0`` or ``-1`` disables top-k; ``top_p == 1`` disables nucleus sampling. ``stop`` strings
-    end generation and are left out of the returned text. ``seed`` makes sampling reproducible per
-    request, whatever else shares the batch.
+    end generation and are left out of the returned text; ``stop_token_ids`` end it too (as the model's EOS
+    ids do unless ``ignore_eos``). ``seed`` makes sampling reproducible per request, whatever else shares
+    the batch. ``n`` completions share the prompt's KV blocks (completion ``i`` is seeded ``seed + i``).
     """
+
+    n: int = 1
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
 
@@ -26,6 +30,11 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:

@@ -1,0 +1,232 @@
+# Generated from solutions/cache/kv_cache_manager.py by tools/make_labs.py: fill in each NotImplementedError.
+"""The KV-cache manager: each request's block table, built from the allocator and the prefix cache.
+
+The scheduler asks it for room (``allocate_slots``) before a step, the runner reads block tables to
+build slot mappings, and finished requests give their blocks back (``free``). It never touches
+tensors: the copy-on-write copies it decides are queued as ``(src, dst)`` block pairs for the runner.
+It reads only these request attributes: ``request_id``, ``all_token_ids``, ``num_tokens``,
+``num_computed``.
+
+    request A (40 tokens, block_size 16):  table [7, 3, 9]
+        positions  0..15 -> block 7    rows  7*16 ..  7*16+15
+        positions 16..31 -> block 3    rows  3*16 ..  3*16+15
+        positions 32..39 -> block 9    rows  9*16 ..  9*16+7   (8 rows of block 9 still empty)
+    slot (row) of position p = table[p // block_size] * block_size + p % block_size
+
+Invariants, after every public call:
+
+* every block but the null block 0 is in exactly one place: the allocator's free list, the prefix
+  cache's evictable LRU (reference count 0, contents kept), or in use;
+* a block's reference count is the number of block tables that list it;
+* tokens ``[0, request.num_computed)`` of a request are in its table's blocks;
+* a block that new tokens are written into is listed by one table only (copy-on-write) and is not
+  in the prefix cache (its key would no longer describe its contents).
+"""
+
+from __future__ import annotations
+
+from .block_allocator import BlockAllocator
+from .prefix_cache import ROOT_HASH, BlockHash, PrefixCache, hash_block_tokens
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Paged KV memory of ``num_blocks`` blocks of ``block_size`` tokens (block 0 reserved as null)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.allocator = BlockAllocator(num_blocks)
+        self.prefix_cache = PrefixCache()
+        self._tables: dict[str, list[int]] = {}
+        self._keys: dict[str, list[BlockHash]] = {}  # chained keys of each request's first full blocks
+        self._copies: list[tuple[int, int]] = []
+        self.num_queried_tokens = 0  # prefix-cache statistics, over every get_computed_tokens call
+        self.num_hit_tokens = 0
+
+    # ------------------------------------------------------------------ how much room there is
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks ``allocate_slots`` could hand out now: free ones plus evictable cached ones."""
+        return self.allocator.num_free + self.prefix_cache.num_evictable
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one live request."""
+        return self.num_blocks - 1 - self.num_free_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        """A copy of the request's block table (block ids, in token order)."""
+        return list(self._table(request_id))
+
+    def block_tables(self) -> dict[str, list[int]]:
+        """Every live request's block table (copies), for inspection."""
+        return {request_id: list(table) for request_id, table in self._tables.items()}
+
+    def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
+        """Cache rows of positions ``[start, end)``: ``table[p // block_size] * block_size + p % block_size``."""
+        table, size = self._table(request_id), self.block_size
+        if not 0 <= start <= end <= len(table) * size:
+            raise ValueError(
+                f"positions [{start}, {end}) are outside request {request_id!r}'s {len(table)} blocks "
+                f"({len(table) * size} slots)"
+            )
+        return [table[p // size] * size + p % size for p in range(start, end)]
+
+    # ------------------------------------------------------------------ the request life cycle
+
+    def get_computed_tokens(self, request) -> int:
+        """Attach the longest cached run of full blocks that starts ``request``'s tokens; return its tokens.
+
+        At most ``num_tokens - 1`` tokens are reused, so at least one is left to compute (the step
+        needs a query to produce the next token's logits). Call once, when a waiting request is
+        admitted; without prefix caching it only registers the request and returns 0.
+        """
+        request_id = request.request_id
+        if request_id in self._tables:
+            raise ValueError(
+                f"request {request_id!r} already holds blocks: get_computed_tokens runs once, at admission"
+            )
+        table: list[int] = []
+        keys: list[BlockHash] = []
+        self._tables[request_id], self._keys[request_id] = table, keys
+        if not self.enable_prefix_caching:
+            return 0
+        tokens, size = request.all_token_ids, self.block_size
+        key = ROOT_HASH
+        for index in range((request.num_tokens - 1) // size):
+            key = hash_block_tokens(key, tokens[index * size : (index + 1) * size])
+            block = self.prefix_cache.lookup(key)
+            if block is None:
+                break
+            if self.prefix_cache.is_evictable(block):
+                self.prefix_cache.unpark(block)
+            self.allocator.incref(block)
+            table.append(block)
+            keys.append(key)
+        self.num_queried_tokens += request.num_tokens
+        self.num_hit_tokens += len(table) * size
+        return len(table) * size
+
+    def allocate_slots(self, request, num_new_tokens: int) -> bool:
+        """Make ``request``'s table cover ``num_computed + num_new_tokens`` tokens; False if blocks run short.
+
+        The new tokens' K/V will be written at positions ``[num_computed, num_computed + num_new_tokens)``.
+        Any block they land in that another table also lists is replaced by a fresh block first
+        (copy-on-write; the pair ``(src, dst)`` is queued for ``take_copies`` when ``src`` holds
+        computed tokens of this request). All or nothing: if the fresh blocks needed exceed
+        ``num_free_blocks``, nothing changes and it returns False.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        request_id, size = request.request_id, self.block_size
+        table = self._tables.get(request_id, [])
+        start, end = request.num_computed, request.num_computed + num_new_tokens
+        if start > len(table) * size:
+            raise ValueError(
+                f"request {request_id!r} has {start} computed tokens but its table covers only {len(table) * size}"
+            )
+        written = range(start // size, min(len(table), _cdiv(end, size))) if num_new_tokens else range(0)
+        shared = [index for index in written if self.allocator.ref_counts[table[index]] > 1]
+        num_appended = max(0, _cdiv(end, size) - len(table))
+        if num_appended + len(shared) > self.num_free_blocks:
+            return False
+        for index in shared:
+            self._copy_on_write(table, index, start)
+        for index in written:
+            if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
+                self.prefix_cache.uncache(table[index])
+        table.extend(self._take_free_block() for _ in range(num_appended))
+        self._tables[request_id] = table
+        self._keys.setdefault(request_id, [])
+        return True
+
+    def cache_full_blocks(self, request) -> None:
+        """Register each block fully covered by ``request.num_computed`` tokens under its chained key.
+
+        Idempotent. A block whose key is already cached (another request computed the same prefix
+        at the same time) stays uncached and returns to the free list when freed.
+        """
+        if not self.enable_prefix_caching:
+            return
+        table, keys = self._table(request.request_id), self._keys[request.request_id]
+        num_full = min(request.num_computed // self.block_size, len(table))
+        if len(keys) >= num_full:
+            return
+        tokens, size = request.all_token_ids, self.block_size
+        for index in range(len(keys), num_full):
+            key = hash_block_tokens(keys[-1] if keys else ROOT_HASH, tokens[index * size : (index + 1) * size])
+            keys.append(key)
+            if not self.prefix_cache.is_cached(table[index]):
+                self.prefix_cache.insert(key, table[index])
+
+    def fork(self, parent, child) -> None:
+        """``child`` starts with ``parent``'s blocks, shared (parallel sampling, ``n > 1``).
+
+        Both tables list the same blocks, each reference count one higher; the first write into a
+        shared block copies it (``allocate_slots``).
+        """
+        if child.request_id in self._tables:
+            raise ValueError(f"request {child.request_id!r} already holds blocks: fork into a new request")
+        parent_table = self._table(parent.request_id)
+        raise NotImplementedError("Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys)")
+
+    def truncate(self, request, num_tokens: int) -> None:
+        """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        table = self._table(request.request_id)
+        keep = _cdiv(num_tokens, self.block_size)
+        while len(table) > keep:
+            self._release(table.pop())
+        del self._keys[request.request_id][num_tokens // self.block_size :]
+
+    def free(self, request) -> None:
+        """Give back every block of ``request``; raises ValueError if it holds none (a double free).
+
+        Blocks go back last first, so a cached prompt's tail is evicted before its head (the head is
+        what other requests are most likely to share).
+        """
+        table = self._tables.pop(request.request_id, None)
+        if table is None:
+            raise ValueError(f"request {request.request_id!r} holds no blocks: freed twice, or never allocated")
+        del self._keys[request.request_id]
+        for block in reversed(table):
+            self._release(block)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write ``(src, dst)`` block pairs queued since the last call (then cleared)."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the tokens looked up by ``get_computed_tokens`` that were found cached."""
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
+    # ------------------------------------------------------------------ blocks in and out
+
+    def _table(self, request_id: str) -> list[int]:
+        try:
+            return self._tables[request_id]
+        except KeyError:
+            raise ValueError(f"request {request_id!r} holds no blocks") from None
+
+    def _take_free_block(self) -> int:
+        """A fresh block: from the free list, or, when that is empty, the least recently freed cached block."""
+        if self.allocator.num_free == 0:
+            self.allocator.release(self.prefix_cache.evict())
+        return self.allocator.allocate()
+
+    def _copy_on_write(self, table: list[int], index: int, num_computed: int) -> None:
+        """Replace shared ``table[index]`` with a fresh block, queueing a copy if it holds computed tokens."""
+        raise NotImplementedError('Lab 2: take a fresh block (self._take_free_block); if the shared block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies; drop one reference to src; put the fresh block in table[index]')
+
+    def _release(self, block: int) -> None:
+        """Drop one reference to ``block``; at 0 a cached block waits in the LRU, any other is free again."""
+        raise NotImplementedError("Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached) is parked in the LRU, any other is released to the allocator's free list")

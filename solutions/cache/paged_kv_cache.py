@@ -1,0 +1,110 @@
+"""The paged KV cache's tensors, and the attention call the model makes over them in one step.
+
+Memory, per layer, for keys and for values alike::
+
+    [num_blocks, block_size, Hkv, D]            block 0 is the null block (padding writes land there)
+       block 0: | null .................. |
+       block 1: | t0 t1 ... t15 |   <- sequence A, positions 0-15     block_table[A] = [1, 7]
+       block 7: | t16 t17 -- -- |   <- sequence A, positions 16-17 (partly full)
+       block 4: | t0 ... t15    |   <- shared by A and B when they have the same first 16 tokens
+
+A token at position ``p`` of a sequence is stored at row ``slot = block_table[p // block_size] *
+block_size + p % block_size`` of the flattened cache (the "slot mapping"). Which blocks a sequence owns
+is the ``KVCacheManager``'s business; this file only holds the bytes and reads/writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.attention import paged_attention_torch
+from ..kernels.attention_backend import resolve_backend
+
+
+class PagedKVCache:
+    """K and V tensors ``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``, zero-initialised."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """K and V of ``block_size`` tokens in every layer."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block ``dst`` becomes a copy of ``src`` in every layer, for each ``(src, dst)``."""
+        if not pairs:
+            return
+        src, dst = (torch.tensor(column, device=self.k.device) for column in zip(*pairs))
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence of a step's flat token batch lives, as the attention kernels want it.
+
+    Sequence ``b`` owns tokens ``query_start_loc[b] : query_start_loc[b + 1]`` of the batch; they are the last
+    of its ``seq_lens[b]`` tokens. Sequences with one query token (decodes) come first.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64: cache row of each token
+    block_table: torch.Tensor  # [B, max_blocks] int32, padded with the null block 0
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+class PagedAttention:
+    """The model's ``attend`` for one step: write this step's K/V into their slots, then attend through the
+    block tables. The torch path serves the CPU; "triton" runs the Lesson 2 kernels (compiled on CUDA, through
+    the interpreter on CPU)."""
+
+    def __init__(self, cache: PagedKVCache, meta: AttentionMetadata, backend: str = "auto"):
+        self.cache, self.meta = cache, meta
+        self.triton = resolve_backend(backend, cache.k.device) == "triton"
+        if self.triton:
+            from ..kernels.paged_attention import paged_attention  # late: TRITON_INTERPRET is read at import
+            from ..kernels.store_kv import store_kv
+
+            self._attention, self._store = paged_attention, store_kv
+        else:
+            self._attention, self._store = paged_attention_torch, _store_kv_torch
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta, k_cache, v_cache = self.meta, self.cache.k[layer], self.cache.v[layer]
+        self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self._attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+        )
+
+
+def _store_kv_torch(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write ``k``, ``v`` ``[T, Hkv, D]`` at rows ``slot_mapping`` ``[T]`` of the flattened caches."""
+    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)

@@ -1,0 +1,377 @@
+"""Lesson 2: the block allocator and the KV-cache manager's fork / copy-on-write / free (Lab 2).
+
+The property tests drive the manager through random allocate / fork / append / truncate / free
+sequences, with small block pools so that blocks run out and cached blocks get evicted, and keep a
+model of the KV memory: each slot holds the token whose K/V was written there. After every step
+every block is accounted for exactly once, reference counts equal the number of tables listing a
+block, and every live request reads its own tokens back through its block table.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from fake_request import FakeRequest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+pytestmark = pytest.mark.lab2
+
+
+@pytest.fixture(scope="module")
+def allocator_module(load):
+    return load("cache.block_allocator")
+
+
+@pytest.fixture(scope="module")
+def manager_class(load):
+    return load("cache.kv_cache_manager").KVCacheManager
+
+
+# ---------------------------------------------------------------- the allocator alone
+
+
+def test_allocator_never_hands_out_the_null_block(allocator_module):
+    allocator = allocator_module.BlockAllocator(5)
+    blocks = [allocator.allocate() for _ in range(4)]
+    assert sorted(blocks) == [1, 2, 3, 4], "blocks 1..num_blocks-1 are handed out; block 0 is the reserved null block"
+    assert allocator.num_free == 0
+    with pytest.raises(RuntimeError):
+        allocator.allocate()
+
+
+def test_decref_rejects_double_free_and_foreign_blocks(allocator_module):
+    allocator = allocator_module.BlockAllocator(4)
+    block = allocator.allocate()
+    assert allocator.decref(block) == 0, "decref returns the new reference count"
+    with pytest.raises(ValueError, match=rf"\b{block}\b"):
+        allocator.decref(block)  # a double free must raise, naming the block
+    for foreign in (0, 4, -1, 99):
+        with pytest.raises(ValueError, match=rf"{foreign}"):
+            allocator.decref(foreign)
+
+
+def test_decref_holds_a_block_until_it_is_released(allocator_module):
+    allocator = allocator_module.BlockAllocator(3)
+    block = allocator.allocate()
+    allocator.incref(block)
+    assert allocator.decref(block) == 1 and allocator.decref(block) == 0
+    assert block not in allocator.free_blocks(), "decref to 0 holds the block; only release() puts it back"
+    allocator.release(block)
+    assert block in allocator.free_blocks()
+    with pytest.raises(ValueError, match="already free"):
+        allocator.release(block)
+
+
+@pytest.mark.parametrize("num_blocks", [2, 7])
+def test_allocator_random_operations_keep_every_block_once(allocator_module, num_blocks):
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.tuples(st.sampled_from(["allocate", "incref", "decref", "release"]), st.integers(0, 7))))
+    def run(operations):
+        allocator = allocator_module.BlockAllocator(num_blocks)
+        refs = [0] * num_blocks
+        held: set[int] = set()
+        for op, pick in operations:
+            used = [b for b in range(1, num_blocks) if refs[b] > 0]
+            if op == "allocate" and allocator.num_free:
+                block = allocator.allocate()
+                assert block != 0 and refs[block] == 0 and block not in held, f"allocate handed out block {block} twice"
+                refs[block] = 1
+            elif op == "incref" and used:
+                block = used[pick % len(used)]
+                allocator.incref(block)
+                refs[block] += 1
+            elif op == "decref" and used:
+                block = used[pick % len(used)]
+                refs[block] -= 1
+                assert allocator.decref(block) == refs[block]
+                if refs[block] == 0:
+                    held.add(block)
+            elif op == "release" and held:
+                block = sorted(held)[pick % len(held)]
+                allocator.release(block)
+                held.discard(block)
+            free = allocator.free_blocks()
+            assert len(free) == len(set(free)), f"a block is on the free list twice: {free}"
+            assert sorted(free + [b for b in range(1, num_blocks) if refs[b]] + sorted(held)) == list(
+                range(1, num_blocks)
+            ), "every block must be exactly one of: free, in use, held"
+            assert allocator.ref_counts[1:] == refs[1:]
+
+    run()
+
+
+# ---------------------------------------------------------------- fork, copy-on-write, free
+
+
+def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager_class):
+    manager = manager_class(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    parent = FakeRequest("p", list(range(10)))
+    assert manager.get_computed_tokens(parent) == 0
+    assert manager.allocate_slots(parent, 10)
+    parent.num_computed = 10
+    child = FakeRequest("c", parent.token_ids, num_computed=10)
+    manager.fork(parent, child)
+    assert manager.block_table("c") == manager.block_table("p"), "a forked child starts with its parent's table"
+    assert all(manager.allocator.ref_counts[b] == 2 for b in manager.block_table("p")), "fork increfs every block"
+    used = manager.num_used_blocks
+    assert manager.allocate_slots(child, 1)  # token 10 lands in block 2 (positions 8..11), shared
+    child_table, parent_table = manager.block_table("c"), manager.block_table("p")
+    assert child_table[:2] == parent_table[:2], "full blocks the child does not write stay shared"
+    assert child_table[2] != parent_table[2], "copy-on-write: the written block must be replaced by a fresh one"
+    assert manager.take_copies() == [(parent_table[2], child_table[2])], "queue (src, dst) for the runner"
+    assert manager.take_copies() == [], "take_copies clears the queue"
+    assert manager.num_used_blocks == used + 1
+    assert manager.allocator.ref_counts[parent_table[2]] == 1, "the child dropped its reference to the source"
+
+
+def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
+    manager = manager_class(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    parent = FakeRequest("p", list(range(8)))
+    manager.get_computed_tokens(parent)
+    manager.allocate_slots(parent, 8)
+    parent.num_computed = 8
+    child = FakeRequest("c", parent.token_ids, num_computed=8)
+    manager.fork(parent, child)
+    assert manager.allocate_slots(child, 1)
+    assert len(manager.block_table("c")) == 3 and manager.block_table("c")[:2] == manager.block_table("p")
+    assert manager.take_copies() == [], "a new block needs no copy: nothing of the child's is in it yet"
+
+
+def test_free_returns_every_block_and_double_free_raises(manager_class):
+    manager = manager_class(num_blocks=6, block_size=2, enable_prefix_caching=False)
+    a, b = FakeRequest("a", [1, 2, 3]), FakeRequest("b", [4, 5, 6, 7])
+    for r in (a, b):
+        manager.get_computed_tokens(r)
+        assert manager.allocate_slots(r, r.num_tokens)
+        r.num_computed = r.num_tokens
+    assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4
+    manager.free(a)
+    manager.free(b)
+    assert manager.num_free_blocks == 5 and manager.num_used_blocks == 0, "free must return every block"
+    assert sorted(manager.allocator.free_blocks()) == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="'a'"):
+        manager.free(a)
+
+
+def test_allocate_slots_is_all_or_nothing(manager_class):
+    manager = manager_class(num_blocks=5, block_size=4, enable_prefix_caching=False)
+    a = FakeRequest("a", list(range(9)))
+    manager.get_computed_tokens(a)
+    assert manager.allocate_slots(a, 9) and len(manager.block_table("a")) == 3
+    b = FakeRequest("b", list(range(8)))
+    manager.get_computed_tokens(b)
+    assert not manager.allocate_slots(b, 8), "2 blocks wanted, 1 free: must refuse"
+    assert manager.block_table("b") == [] and manager.num_free_blocks == 1, "a refusal must change nothing"
+    assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1
+
+
+def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
+    manager = manager_class(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    parent = FakeRequest("p", list(range(6)))
+    manager.get_computed_tokens(parent)
+    manager.allocate_slots(parent, 6)
+    parent.num_computed = 6
+    child = FakeRequest("c", parent.token_ids, num_computed=6)
+    manager.fork(parent, child)
+    # one free block: the child's 3 new tokens need a copy of block 1 and one more block after it
+    assert not manager.allocate_slots(child, 3), "copy-on-write needs a fresh block too: 2 wanted, 1 free"
+    assert manager.block_table("c") == manager.block_table("p") and manager.take_copies() == []
+    assert manager.allocate_slots(child, 2)
+
+
+def test_slot_mapping_is_block_times_block_size_plus_offset(manager_class):
+    manager = manager_class(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    a = FakeRequest("a", list(range(6)))
+    manager.get_computed_tokens(a)
+    manager.allocate_slots(a, 6)
+    table = manager.block_table("a")
+    assert manager.slot_mapping("a", 0, 6) == [table[p // 4] * 4 + p % 4 for p in range(6)]
+    with pytest.raises(ValueError, match="outside"):
+        manager.slot_mapping("a", 0, 9)
+
+
+# ---------------------------------------------------------------- random sequences against a model of KV memory
+
+VOCAB = st.integers(0, 3)  # a tiny vocabulary: forks diverge often, but prompts share prefixes too
+STEMS = [[], [7, 7, 1, 2, 3, 4, 5, 6], [7, 7, 1, 2, 9, 9, 9, 9, 9, 9]]
+
+
+def manager_machine(manager_class):
+    class ManagerMachine(RuleBasedStateMachine):
+        @initialize(num_blocks=st.integers(2, 16), block_size=st.sampled_from([1, 2, 4]), prefix_caching=st.booleans())
+        def setup(self, num_blocks, block_size, prefix_caching):
+            self.manager = manager_class(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+            self.block_size = block_size
+            self.live: dict[str, FakeRequest] = {}
+            self.memory: dict[int, int] = {}  # cache row -> the token whose K/V was written there
+            self.count = 0
+
+        # -------------------------------------------------------- helpers
+
+        def _new_id(self) -> str:
+            self.count += 1
+            return f"r{self.count}"
+
+        def _snapshot(self):
+            m = self.manager
+            return (m.block_tables(), list(m.allocator.ref_counts), m.allocator.free_blocks(), m.num_free_blocks)
+
+        def _run(self, request: FakeRequest, num_new: int) -> None:
+            """Allocate slots for ``num_new`` tokens, apply the queued copies, write the tokens: one step."""
+            before = self._snapshot()
+            if not self.manager.allocate_slots(request, num_new):
+                assert self._snapshot() == before, "allocate_slots returned False but changed the cache state"
+                return
+            bs = self.block_size
+            for src, dst in self.manager.take_copies():
+                for offset in range(bs):
+                    value = self.memory.get(src * bs + offset)
+                    if value is None:
+                        self.memory.pop(dst * bs + offset, None)
+                    else:
+                        self.memory[dst * bs + offset] = value
+            table = self.manager.block_table(request.request_id)
+            tables = self.manager.block_tables()
+            start = request.num_computed
+            assert len(table) * bs >= start + num_new, "allocate_slots returned True but the table is too short"
+            for position in range(start, start + num_new):
+                block = table[position // bs]
+                assert block != 0, "the null block was handed to a request"
+                sharers = [rid for rid, t in tables.items() if block in t and rid != request.request_id]
+                assert not sharers, (
+                    f"{request.request_id} writes position {position} into block {block}, still listed by {sharers}: "
+                    "copy-on-write must replace a shared block before it is written"
+                )
+                assert not self.manager.prefix_cache.is_cached(block), (
+                    f"block {block} is written while registered in the prefix cache: its key would lie"
+                )
+                self.memory[block * bs + position % bs] = request.token_ids[position]
+            request.num_computed = start + num_new
+            self.manager.cache_full_blocks(request)
+
+        def _pick(self, data, condition):
+            ids = sorted(rid for rid, r in self.live.items() if condition(r))
+            return self.live[data.draw(st.sampled_from(ids))] if ids else None
+
+        # -------------------------------------------------------- rules
+
+        @rule(stem=st.sampled_from(STEMS), tail=st.lists(VOCAB, max_size=9), chunk=st.integers(1, 12))
+        def admit(self, stem, tail, chunk):
+            tokens = stem + tail or [0]
+            request = FakeRequest(self._new_id(), tokens)
+            hit = self.manager.get_computed_tokens(request)
+            assert hit % self.block_size == 0, f"get_computed_tokens returned {hit}, not a whole number of blocks"
+            assert hit <= request.num_tokens - 1, (
+                f"get_computed_tokens reused {hit} of {request.num_tokens} tokens: leave at least one to compute"
+            )
+            request.num_computed = hit
+            self.live[request.request_id] = request
+            self._run(request, min(chunk, request.num_tokens - hit))
+
+        @precondition(lambda self: any(r.num_computed < r.num_tokens for r in self.live.values()))
+        @rule(data=st.data(), chunk=st.integers(1, 12))
+        def prefill(self, data, chunk):
+            request = self._pick(data, lambda r: r.num_computed < r.num_tokens)
+            self._run(request, min(chunk, request.num_tokens - request.num_computed))
+
+        @precondition(lambda self: any(r.num_computed == r.num_tokens for r in self.live.values()))
+        @rule(data=st.data(), tokens=st.lists(VOCAB, min_size=1, max_size=3))
+        def decode(self, data, tokens):
+            """Append one token, or verify a few at once (speculative decoding's step)."""
+            request = self._pick(data, lambda r: r.num_computed == r.num_tokens)
+            request.token_ids += tokens
+            self._run(request, len(tokens))
+
+        @precondition(lambda self: any(r.num_computed == r.num_tokens for r in self.live.values()))
+        @rule(data=st.data())
+        def fork(self, data):
+            parent = self._pick(data, lambda r: r.num_computed == r.num_tokens)
+            child = FakeRequest(self._new_id(), parent.token_ids, parent.num_computed)
+            self.manager.fork(parent, child)
+            self.live[child.request_id] = child
+
+        @precondition(lambda self: any(r.num_computed > 1 for r in self.live.values()))
+        @rule(data=st.data(), drop=st.integers(1, 6))
+        def truncate(self, data, drop):
+            """Roll back rejected draft tokens."""
+            request = self._pick(data, lambda r: r.num_computed > 1)
+            keep = max(1, request.num_computed - drop)
+            request.token_ids = request.token_ids[:keep]
+            request.num_computed = keep
+            self.manager.truncate(request, keep)
+            assert len(self.manager.block_table(request.request_id)) == -(-keep // self.block_size), (
+                "truncate must keep exactly the blocks that hold the first num_tokens tokens"
+            )
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data())
+        def free(self, data):
+            request = self._pick(data, lambda r: True)
+            self.manager.free(request)
+            del self.live[request.request_id]
+            with pytest.raises(ValueError):
+                self.manager.free(request)
+
+        # -------------------------------------------------------- invariants
+
+        @invariant()
+        def every_block_accounted_once_with_exact_reference_counts(self):
+            if not hasattr(self, "manager"):
+                return
+            m = self.manager
+            tables = m.block_tables()
+            assert sorted(tables) == sorted(self.live), "the manager's live requests differ from those not freed"
+            listed = collections.Counter(b for t in tables.values() for b in t)
+            assert 0 not in listed, "block 0 is the null block: it must never appear in a block table"
+            free, evictable = m.allocator.free_blocks(), m.prefix_cache.evictable_blocks()
+            in_use = sorted(listed)
+            everything = sorted(free + evictable + in_use)
+            assert everything == list(range(1, m.num_blocks)), (
+                f"every block must be exactly once free {sorted(free)}, evictable {sorted(evictable)} "
+                f"or in use {in_use}: a block was lost or is in two places"
+            )
+            for block in range(1, m.num_blocks):
+                assert m.allocator.ref_counts[block] == listed[block], (
+                    f"block {block} has reference count {m.allocator.ref_counts[block]} "
+                    f"but {listed[block]} tables list it"
+                )
+            assert m.num_used_blocks == len(in_use) and m.num_free_blocks == len(free) + len(evictable)
+
+        @invariant()
+        def every_request_reads_its_own_tokens(self):
+            if not hasattr(self, "manager"):
+                return
+            bs = self.block_size
+            for request in self.live.values():
+                table = self.manager.block_table(request.request_id)
+                for position in range(request.num_computed):
+                    row = table[position // bs] * bs + position % bs
+                    assert self.memory.get(row) == request.token_ids[position], (
+                        f"{request.request_id} reads {self.memory.get(row)} at position {position} (block "
+                        f"{table[position // bs]}) instead of {request.token_ids[position]}: a block it uses was "
+                        "overwritten (shared without copy-on-write, evicted while in use, or a wrong prefix hit)"
+                    )
+
+    return ManagerMachine
+
+
+def test_random_allocate_fork_append_truncate_free_sequences(manager_class):
+    run_state_machine_as_test(
+        manager_machine(manager_class),
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

@@ -1,0 +1,178 @@
+"""Lab 3: the continuous-batching scheduler, tested without a model.
+
+A tiny simulator plays the runner: every scheduled token is "computed", and a request that reaches the end
+of its tokens gains one output token. Requests finish after ``max_tokens`` outputs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = pytest.mark.lab3
+
+BLOCK = 4
+
+
+@pytest.fixture
+def make(load):
+    request_mod = load("engine.request")
+    params_mod = load("engine.sampling_params")
+    scheduler_mod = load("engine.scheduler")
+    manager_mod = load("cache.kv_cache_manager")
+
+    def build(num_blocks=64, max_num_seqs=4, budget=16, max_model_len=64, prefix_caching=True):
+        kv = manager_mod.KVCacheManager(num_blocks, BLOCK, prefix_caching)
+        return scheduler_mod.Scheduler(kv, max_num_seqs, budget, max_model_len)
+
+    counter = iter(range(10**6))
+
+    def request(prompt_len: int, max_tokens: int = 4, first_token: int | None = None):
+        start = next(counter) * 1000 if first_token is None else first_token
+        params = params_mod.SamplingParams(temperature=0, max_tokens=max_tokens)
+        group = request_mod.RequestGroup(f"r{start}", None, list(range(start, start + prompt_len)), params, 0.0)
+        r = request_mod.Request(group.request_id, group, 0, detokenizer=None)
+        group.requests.append(r)
+        return r
+
+    return build, request
+
+
+def run_step(scheduler, finished: list) -> object:
+    """Play the runner and the engine's update for one planned step."""
+    plan = scheduler.schedule()
+    for r in plan.scheduled:
+        r.num_computed += plan.num_scheduled_tokens[r.request_id]
+        if r.num_computed == r.num_tokens:
+            r.output_token_ids.append(7)
+            if len(r.output_token_ids) >= r.params.max_tokens:
+                scheduler.finish(r)
+                finished.append(r)
+            else:
+                scheduler.kv.cache_full_blocks(r)
+    return plan
+
+
+def check_plan(scheduler, plan) -> None:
+    assert plan.total_tokens <= scheduler.max_num_batched_tokens, (
+        f"the step runs {plan.total_tokens} tokens, over max_num_batched_tokens={scheduler.max_num_batched_tokens}:"
+        " each request may take only what is left of the budget"
+    )
+    assert len(plan.scheduled) <= scheduler.max_num_seqs, (
+        f"{len(plan.scheduled)} sequences scheduled, over max_num_seqs={scheduler.max_num_seqs}"
+    )
+    assert all(n >= 1 for n in plan.num_scheduled_tokens.values()), "a scheduled request must run at least 1 token"
+    assert len(scheduler.running) <= scheduler.max_num_seqs, "more running requests than max_num_seqs"
+
+
+def test_decodes_run_first_and_prompts_fill_the_rest_in_chunks(make):
+    build, request = make
+    scheduler = build(budget=16)
+    long_prompt, short = request(40), request(3)
+    scheduler.add(long_prompt)
+    scheduler.add(short)
+    plan = scheduler.schedule()
+    assert plan.num_scheduled_tokens == {long_prompt.request_id: 16}, (
+        "the first waiting request takes the whole budget (its prompt is chunked); nothing else fits"
+    )
+    long_prompt.num_computed += 16
+    plan = scheduler.schedule()
+    assert plan.num_scheduled_tokens[long_prompt.request_id] == 16, "a running prefill continues with its next chunk"
+
+
+def test_a_step_mixes_decodes_and_a_prefill_chunk_decodes_first(make):
+    build, request = make
+    scheduler = build(budget=8)
+    a = request(3)
+    scheduler.add(a)
+    finished: list = []
+    run_step(scheduler, finished)  # a's prompt is computed and it gains a token: now it decodes
+    b = request(20)
+    scheduler.add(b)
+    plan = scheduler.schedule()
+    assert [r.request_id for r in plan.scheduled] == [a.request_id, b.request_id], "decodes come first in the plan"
+    assert plan.num_scheduled_tokens == {a.request_id: 1, b.request_id: 7}, (
+        "a decode takes one token and the waiting prompt gets what is left of the budget"
+    )
+
+
+def test_max_num_seqs_limits_admission(make):
+    build, request = make
+    scheduler = build(max_num_seqs=2, budget=100)
+    for _ in range(3):
+        scheduler.add(request(5))
+    plan = scheduler.schedule()
+    assert len(plan.scheduled) == 2 and len(scheduler.waiting) == 1
+
+
+def test_running_out_of_blocks_preempts_the_newest_request(make):
+    build, request = make
+    # 6 usable blocks of 4 tokens: two prompts of 8 tokens hold 4 of them; growing needs more.
+    scheduler = build(num_blocks=7, budget=32, max_num_seqs=4, max_model_len=24)
+    old, new = request(8, max_tokens=12), request(8, max_tokens=12)
+    scheduler.add(old)
+    scheduler.add(new)
+    finished: list = []
+    preempted = []
+    for _ in range(60):
+        plan = run_step(scheduler, finished)
+        check_plan(scheduler, plan)
+        preempted.extend(plan.preempted)
+        if not scheduler.has_unfinished():
+            break
+    assert preempted, "the cache was too small for both requests: one must have been preempted"
+    assert all(r is new for r in preempted), "the victim must be the most recently admitted request, never the oldest"
+    assert {r.request_id for r in finished} == {old.request_id, new.request_id}, "every request must still finish"
+    assert scheduler.kv.num_used_blocks == 0, "finished requests must return every block"
+
+
+def test_preempted_request_goes_back_to_the_front_of_the_queue(make):
+    build, request = make
+    scheduler = build(num_blocks=7, budget=32, max_num_seqs=4, max_model_len=24)
+    a, b, c = request(8, max_tokens=12), request(8, max_tokens=12), request(4, max_tokens=2)
+    for r in (a, b):
+        scheduler.add(r)
+    finished: list = []
+    while True:
+        plan = run_step(scheduler, finished)
+        if plan.preempted:
+            break
+    scheduler.add(c)
+    assert scheduler.waiting[0] is b, "a preempted request is recomputed before requests that arrived later"
+    assert b.num_computed == 0, "a preempted request is recomputed from scratch (or from the prefix cache)"
+    assert scheduler.kv.num_used_blocks == len(scheduler.kv.block_table(a.request_id)), "preemption frees all its blocks"
+
+
+@pytest.mark.parametrize("seed", range(8), ids=lambda s: f"seed{s}")
+def test_random_workloads_respect_the_limits_and_everything_finishes(make, seed):
+    """Mixed prompt and output lengths under a small cache: limits hold every step, nobody waits forever."""
+    build, request = make
+    rng = random.Random(seed)
+    scheduler = build(num_blocks=rng.randint(9, 40), budget=rng.choice([4, 8, 16, 33]), max_model_len=32)
+    requests = [request(rng.randint(1, 20), max_tokens=rng.randint(1, 12)) for _ in range(12)]
+    pending = list(requests)
+    finished: list = []
+    steps = 0
+    while steps < 2000:
+        steps += 1
+        if pending and rng.random() < 0.5:
+            scheduler.add(pending.pop(0))
+        plan = run_step(scheduler, finished)
+        check_plan(scheduler, plan)
+        if not pending and not scheduler.has_unfinished():
+            break
+    assert len(finished) == len(requests), f"only {len(finished)} of {len(requests)} requests finished in {steps} steps"
+    assert scheduler.kv.num_used_blocks == 0
+
+
+def test_finish_of_a_waiting_request_removes_it(make):
+    build, request = make
+    scheduler = build(max_num_seqs=1)
+    a, b = request(3), request(3)
+    scheduler.add(a)
+    scheduler.add(b)
+    scheduler.schedule()
+    scheduler.finish(b)  # an abort while it waits
+    scheduler.finish(a)  # an abort while it runs
+    assert not scheduler.has_unfinished() and scheduler.kv.num_used_blocks == 0
