@@ -11,6 +11,7 @@ BENCHES = {
     "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
     "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
+    "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
 }
 
 
