@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampler import filter_top_k_top_p
+from ..engine.sampler import sampling_probs
+from ..engine.sampling_params import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """The distribution the plain sampler draws from, for each row of ``logits`` ``[N, V]`` (float32).
 
-    Temperature 0 gives one-hot rows at the argmax; otherwise softmax(filter_top_k_top_p(logits / T)).
+    Temperature 0 gives one-hot rows at the argmax; otherwise softmax of the top-k / top-p filtered
+    ``logits / T``: the engine sampler's own ``sampling_probs``.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
-    if temperature == 0:
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    rows = [filter_top_k_top_p(row / temperature, top_k, top_p) for row in logits.float()]
-    return torch.softmax(torch.stack(rows), dim=-1)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)  # validates them
+    return sampling_probs(logits, [params] * logits.shape[0])
 
 
 def verify(

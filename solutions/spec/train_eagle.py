@@ -96,6 +96,12 @@ def head_loss(
     return total, first_hits
 
 
+def _relative(path: Path) -> str:
+    """A path as the command line would give it from the repository's root (no machine-specific prefix)."""
+    root = DATA_DIR.parents[1]
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
+
+
 def _machine() -> str:
     names = [
         line.split(":", 1)[1].strip()
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             f"greedily by the bundled SmolLM2-135M-Instruct (float32, our engine, <= {args.max_tokens} tokens); "
             f"{sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in responses.jsonl"
         ),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "heldout_top1": round(heldout_top1, 4),
         "generation_seconds": round(generated_s, 1),
         "total_seconds": round(elapsed, 1),
