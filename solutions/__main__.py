@@ -16,6 +16,7 @@ BENCHES = {
     "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",
     "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
     "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",
+    "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
 }
 
 

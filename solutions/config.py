@@ -9,6 +9,7 @@ import torch
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATION_METHODS = ("rtn", "awq")
+SPECULATIVE_METHODS = ("ngram", "eagle")
 
 
 @dataclass
@@ -26,6 +27,10 @@ class EngineConfig:
     ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions.quant.awq``.
     ``skip_tokenizer_init`` loads no tokenizer (a folder without tokenizer files): prompts must be token ids,
     and outputs carry token ids with empty text.
+    ``speculative`` "ngram" or "eagle" drafts ``num_speculative_tokens`` tokens per request and step for the
+    model to verify (Lesson 4); with "eagle", ``speculative_tree_nodes > 0`` drafts EAGLE-2 trees of that
+    many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth) instead of
+    chains; ``eagle_head`` is the head's file (default: the one shipped in data/spec/).
     """
 
     model: str | None = None
@@ -44,6 +49,11 @@ class EngineConfig:
     w_bit: int = 4
     group_size: int = 64
     skip_tokenizer_init: bool = False
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    speculative_tree_nodes: int = 0
+    speculative_tree_top_k: int = 4
+    eagle_head: str | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -81,6 +91,17 @@ class EngineConfig:
             raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.w_bit not in (2, 3, 4):
             raise ValueError(f"w_bit must be 2, 3 or 4 (codes are stored in 4-bit fields), got {self.w_bit}")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be None or one of {SPECULATIVE_METHODS}, got {self.speculative!r}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens!r}")
+        if self.speculative_tree_nodes < 0 or self.speculative_tree_top_k < 1:
+            raise ValueError(
+                f"speculative_tree_nodes must be >= 0 and speculative_tree_top_k >= 1, got "
+                f"{self.speculative_tree_nodes} and {self.speculative_tree_top_k}"
+            )
+        if self.speculative_tree_nodes and self.speculative != "eagle":
+            raise ValueError(f"draft trees need speculative='eagle', got speculative={self.speculative!r}")
         if self.group_size < 8 or self.group_size % 8:
             raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,11 @@ class Engine:
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, cache, config.attention_backend)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.speculator = None
+        if config.speculative:
+            from ..spec.speculator import Speculator  # Lesson 4; here, so the plain engine never loads a head
+
+            self.speculator = Speculator(config, self.model, self.kv, cache)
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
 
@@ -95,7 +101,13 @@ class Engine:
         )
         c = self.model_config
         return PagedKVCache(
-            c.num_layers, num_blocks, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype, self.model.norm.weight.device
+            c.num_layers,
+            num_blocks,
+            cfg.kv_block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype,
+            self.model.norm.weight.device,
         )
 
     # -- submitting work ---------------------------------------------------------------------------------
@@ -197,6 +209,9 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return a snapshot of every request that advanced in it."""
+        spec = self.speculator
+        if spec is not None:
+            spec.propose(self.scheduler.running)  # sets spec_token_ids: the scheduler plans 1 + k tokens
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
@@ -205,11 +220,21 @@ class Engine:
             if request.group.metrics.first_scheduled_time is None:
                 request.group.metrics.first_scheduled_time = now
                 request.group.metrics.num_cached_tokens = request.num_computed
-        out = self.runner.execute(plan, [self.kv.block_table(r.request_id) for r in plan.scheduled])
+        computed_before = {r.request_id: r.num_computed for r in plan.scheduled}
+        out = self.runner.execute(
+            plan,
+            [self.kv.block_table(r.request_id) for r in plan.scheduled],
+            return_hidden=spec is not None and spec.needs_hidden,
+            trees=spec.tree_parents() if spec is not None else None,
+        )
         for request in plan.scheduled:
             request.num_computed += plan.num_scheduled_tokens[request.request_id]
+        # Verified drafts: accepted runs (the speculator rolls back the rejected drafts' K/V).
+        verified = spec.verify(plan, out, computed_before) if spec is not None else {}
+        new_tokens = self._sample(plan, out, skip=verified.keys())
+        new_tokens += [(r, verified[r.request_id]) for r in plan.scheduled if r.request_id in verified]
         advanced: dict[str, RequestGroup] = {}
-        for request, tokens in self._sample(plan, out):
+        for request, tokens in new_tokens:
             self._update(request, tokens)
             advanced[request.group.request_id] = request.group
         for request in plan.scheduled:
@@ -229,13 +254,15 @@ class Engine:
             outputs.append(group.output())
         return outputs
 
-    def _sample(self, plan: SchedulerOutput, out: ModelOutput) -> list[tuple[Request, list[int]]]:
+    def _sample(
+        self, plan: SchedulerOutput, out: ModelOutput, skip: Collection[str] = ()
+    ) -> list[tuple[Request, list[int]]]:
         """New tokens for each request that reached the end of its tokens. A group whose prompt has just been
         computed forks its other ``n - 1`` completions here, each sampling from the same logits row."""
         rows, requests = [], []
         for request in plan.scheduled:
             span = out.rows.get(request.request_id)
-            if span is None:
+            if span is None or request.request_id in skip:
                 continue
             rows.append(span.stop - 1)
             requests.append(request)

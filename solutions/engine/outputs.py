@@ -23,6 +23,8 @@ class RequestMetrics:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     num_preemptions: int = 0
+    num_verify_passes: int = 0  # speculative decoding (Lesson 4): passes that verified drafts
+    num_verified_tokens: int = 0  # tokens those passes emitted (accepted drafts + the target's own)
 
     @property
     def queue_time(self) -> float | None:
@@ -53,6 +55,11 @@ class RequestMetrics:
         latency = self.latency
         return None if not latency else self.num_output_tokens / latency
 
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """tau: tokens per verifying pass (None without speculative decoding)."""
+        return self.num_verified_tokens / self.num_verify_passes if self.num_verify_passes else None
+
     def snapshot(self) -> RequestMetrics:
         """A copy that later steps do not change."""
         copy = RequestMetrics(**{k: v for k, v in vars(self).items() if k != "token_times"})
@@ -64,6 +71,8 @@ class RequestMetrics:
         if self.tpot is not None:
             parts.append(f"TPOT {1e3 * self.tpot:.1f} ms")
         parts.append(f"{self.tokens_per_s or 0:.1f} tokens/s over {self.num_output_tokens} tokens")
+        if self.mean_acceptance_length is not None:
+            parts.append(f"tau {self.mean_acceptance_length:.2f}")
         return " | ".join(parts)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..model.llama import LlamaModel
+from ..spec.tree import TreeAttention, tree_attention_mask, tree_positions
 from .scheduler import SchedulerOutput
 
 
@@ -41,9 +42,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, plan: SchedulerOutput, block_tables: list[list[int]], return_hidden: bool = False
+        self,
+        plan: SchedulerOutput,
+        block_tables: list[list[int]],
+        return_hidden: bool = False,
+        trees: dict[str, list[int]] | None = None,
     ) -> ModelOutput:
-        """Run the planned tokens of every scheduled request (``block_tables`` in the same order)."""
+        """Run the planned tokens of every scheduled request (``block_tables`` in the same order).
+
+        ``trees`` (Lesson 4): for a request verifying a draft tree, its node parents (root first); its drafts
+        sit at their depth's position and attend to the context and their ancestors only."""
         self.cache.copy_blocks(plan.block_copies)
         block_size = self.cache.block_size
         token_ids: list[int] = []
@@ -51,13 +59,25 @@ class ModelRunner:
         slot_mapping: list[int] = []
         query_start, seq_lens, logits_indices = [0], [], []
         rows: dict[str, slice] = {}
+        tree_specs = []
         for request, table in zip(plan.scheduled, block_tables):
             num_new = plan.num_scheduled_tokens[request.request_id]
             first = request.num_computed
             tokens = (request.all_token_ids + request.spec_token_ids)[first : first + num_new]
             token_ids.extend(tokens)
-            positions.extend(range(first, first + num_new))
-            slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(first, first + num_new))
+            if trees and request.request_id in trees:
+                parents = trees[request.request_id][:num_new]  # a cut tree is still a tree: parents come first
+                positions.extend(tree_positions(parents, first).tolist())
+                context = [table[p // block_size] * block_size + p % block_size for p in range(first)]
+                rows_of_tree = slice(len(token_ids) - num_new, len(token_ids))
+                tree_specs.append(
+                    (rows_of_tree, torch.tensor(context, device=self.device), tree_attention_mask(parents))
+                )
+            else:
+                positions.extend(range(first, first + num_new))
+            slot_mapping.extend(
+                table[p // block_size] * block_size + p % block_size for p in range(first, first + num_new)
+            )
             end = first + num_new
             if end >= request.num_tokens:  # reached the last known token: the next one is wanted
                 num_logits = end - request.num_tokens + 1
@@ -78,10 +98,13 @@ class ModelRunner:
             max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
             max_seq_len=max(seq_lens),
         )
+        attend = PagedAttention(self.cache, meta, self.attention_backend)
+        if tree_specs:
+            attend = TreeAttention(attend, self.cache.k, self.cache.v, tree_specs)
         hidden = self.model(
             torch.tensor(token_ids, dtype=torch.long, **on_device),
             torch.tensor(positions, dtype=torch.long, **on_device),
-            PagedAttention(self.cache, meta, self.attention_backend),
+            attend,
         )
         indices = torch.tensor(logits_indices, dtype=torch.long, **on_device)
         logits = self.model.logits(hidden[indices]) if logits_indices else hidden.new_zeros(0, 0).float()

@@ -1,0 +1,199 @@
+# Generated from solutions/spec/tree.py by tools/make_labs.py: fill in each NotImplementedError.
+"""EAGLE-2-style dynamic draft trees: grow, mask, position, and walk.
+
+A draft tree hangs below the root, the last token the target emitted (its K/V not yet computed). Node 0
+is the root; node ``i > 0`` holds a drafted token and ``parents[i] < i``. Growing it (Li et al., EAGLE-2):
+at each depth, expand only the ``top_k`` nodes with the highest cumulative draft log-probability (the
+product of the draft's confidences along the path approximates the chance the whole path is accepted),
+then keep the ``num_nodes`` best nodes overall. Verifying it takes one target pass over the flattened
+tree, where each node attends to the committed context and its own ancestors only:
+
+    root ─ a ─ c          mask (row attends to column)     positions
+         │   └ d              r a b c d                       r: n
+         └ b                r 1 . . . .                       a, b: n + 1
+                            a 1 1 . . .                       c, d: n + 2
+                            b 1 . 1 . .
+                            c 1 1 . 1 .
+                            d 1 1 . . 1
+The walk then follows the target's choices down the tree: the longest accepted path, plus one token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """``token_ids[i]``, ``parents[i]`` (-1 for the root, node 0) and ``log_probs[i]`` (cumulative draft
+    log-probability of the path to node ``i``; 0 at the root). Invariant: ``parents[i] < i``."""
+
+    token_ids: list[int]
+    parents: list[int]
+    log_probs: list[float]
+
+    def __post_init__(self) -> None:
+        if not self.parents or self.parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        bad = [i for i, p in enumerate(self.parents[1:], 1) if not 0 <= p < i]
+        if bad:
+            raise ValueError(f"every node's parent must be an earlier node; nodes {bad[:5]} break that")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        depths = [0] * len(self)
+        for i in range(1, len(self)):
+            depths[i] = depths[self.parents[i]] + 1
+        return depths
+
+    def children(self, node: int) -> list[int]:
+        return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
+
+
+def tree_attention_mask(parents: list[int]) -> torch.Tensor:
+    """Bool ``[N, N]``: row ``i`` may attend to column ``j`` iff ``j`` is ``i`` or one of its ancestors.
+
+    ``parents[0] == -1`` (the root) and ``parents[i] < i``, so a node's row extends its parent's row.
+    """
+    raise NotImplementedError('Lab 4: each node sees itself and what its parent sees (parents come first, so build row by row)')
+
+
+def tree_positions(parents: list[int], root_position: int) -> torch.Tensor:
+    """Each node's position in the sequence: the root's plus its depth (siblings share a position)."""
+    depths = DraftTree(list(range(len(parents))), parents, [0.0] * len(parents)).depths()
+    return root_position + torch.tensor(depths, dtype=torch.long)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention with an explicit mask: q ``[Tq, Hq, D]``, k/v ``[Lk, Hkv, D]``, visible ``[Tq, Lk]``.
+
+    Softmax in float32; returns ``[Tq, Hq, D]`` in q's dtype. Every row must see at least one key.
+    """
+    tq, hq, d = q.shape
+    lk, hkv = k.shape[0], k.shape[1]
+    group = hq // hkv
+    # [Hkv, group * Tq, D] @ [Hkv, D, Lk]: each K/V head serves its group of query heads without copies.
+    qh = q.view(tq, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * tq, d)
+    scores = (qh @ k.permute(1, 2, 0)).float().view(hkv, group, tq, lk) * d**-0.5
+    scores = scores.masked_fill(~visible.to(q.device), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(hkv, group * tq, lk)
+    out = probs @ v.permute(1, 0, 2)  # [Hkv, group * Tq, D]
+    return out.view(hkv, group, tq, d).permute(2, 0, 1, 3).reshape(tq, hq, d)
+
+
+def grow_tree(
+    root_token: int,
+    root_log_probs: torch.Tensor,
+    expand: Callable[[list[int], list[int], list[int]], torch.Tensor],
+    depth: int,
+    top_k: int,
+    num_nodes: int,
+) -> DraftTree:
+    """Grow a tree EAGLE-2's way and keep its ``num_nodes`` most probable drafted nodes (plus the root).
+
+    ``root_log_probs`` ``[V]``: the draft's log-probabilities for the root's child. Candidates are numbered
+    in the order they are drafted; ``expand(frontier, tokens, parents)`` runs the draft on the candidates
+    in ``frontier`` (candidate ``j`` holds ``tokens[j]`` and hangs below candidate ``parents[j]``, -1 for
+    the root) and returns the log-probabilities of their children ``[len(frontier), V]``. Token ids here
+    are whatever the log-probabilities index (the caller maps a reduced draft vocabulary back).
+    """
+    if depth < 1 or top_k < 1 or num_nodes < 1:
+        raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    # Depth 1: the root's top_k children.
+    values, ids = root_log_probs.float().topk(min(top_k, root_log_probs.numel()))
+    frontier = list(range(len(tokens), len(tokens) + len(ids)))
+    tokens += ids.tolist()
+    parents += [-1] * len(ids)
+    scores += values.tolist()
+    for _ in range(depth - 1):
+        child_log_probs = expand(frontier, tokens, parents)  # [F, V]
+        frontier_scores = torch.tensor([scores[j] for j in frontier])
+        cumulative = frontier_scores[:, None] + child_log_probs.float().cpu()
+        per_node = min(top_k, cumulative.shape[1])
+        values, ids = cumulative.topk(per_node, dim=-1)  # each frontier node's best children
+        best, flat = values.flatten().topk(min(top_k, values.numel()))  # the most confident of them all
+        new_frontier = []
+        for score, index in zip(best.tolist(), flat.tolist()):
+            new_frontier.append(len(tokens))
+            tokens.append(int(ids.flatten()[index]))
+            parents.append(frontier[index // per_node])
+            scores.append(score)
+        frontier = new_frontier
+    # Keep the best num_nodes; ties go to the shallower node, so every kept node's ancestors are kept too.
+    order = sorted(range(len(tokens)), key=lambda j: (-scores[j], j))[:num_nodes]
+    kept = sorted(order)  # candidates were appended parent-first, so this order keeps parents before children
+    new_index = {old: new for new, old in enumerate(kept, 1)}
+    return DraftTree(
+        token_ids=[root_token] + [tokens[j] for j in kept],
+        parents=[-1] + [new_index[parents[j]] if parents[j] >= 0 else 0 for j in kept],
+        log_probs=[0.0] + [scores[j] for j in kept],
+    )
+
+
+def walk_tree(
+    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[list[int], int]:
+    """Follow the target down the tree: the accepted path's node indices (root excluded) and the next token.
+
+    ``target_probs`` ``[len(tree), V]``: row ``i`` is the target's distribution for the token after node ``i``.
+    At each node the children are tried in order as deterministic drafts: child ``c`` is kept with
+    probability ``p(c)``, else ``p`` loses ``c`` and is renormalised before the next child (exact, as
+    chain rejection sampling with one-hot ``q``; greedy ``p`` is one-hot, so this is the argmax walk).
+    When no child is kept, the next token is drawn from what is left of ``p``.
+    """
+    if target_probs.shape[0] != len(tree):
+        raise ValueError(f"target_probs has {target_probs.shape[0]} rows for a tree of {len(tree)} nodes")
+    path: list[int] = []
+    node = 0
+    while True:
+        p = target_probs[node].float().cpu().clone()
+        for child in tree.children(node):
+            token = tree.token_ids[child]
+            mass = float(p.sum())
+            if mass > 0 and float(torch.rand(1, generator=generator)) * mass < float(p[token]):
+                path.append(child)
+                node = child
+                break
+            p[token] = 0.0
+        else:
+            if p.sum() <= 0:  # every token the target allows was drafted and rejected: impossible in exact arithmetic
+                p = target_probs[node].float().cpu()
+            top = int(p.argmax())
+            token = top if p[top] >= p.sum() else int(torch.multinomial(p, 1, generator=generator))
+            return path, token
+
+
+class TreeAttention:
+    """Wraps one step's paged attention for a batch where some requests verify trees.
+
+    The paged call writes every token's K/V into its slot and attends bottom-right causally, which is
+    wrong for tree rows; each tree's rows are then recomputed over its context's cached K/V plus the
+    tree's own, under the tree mask. ``trees``: ``(rows, context_slots, mask)`` per tree request, with
+    ``rows`` its slice of the step's flat batch, ``context_slots`` the cache rows of positions before the
+    root, ``mask`` its ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
+    """
+
+    def __init__(
+        self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
+    ):
+        self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = self.paged(layer, q, k, v)
+        for rows, context_slots, mask in self.trees:
+            cached_k = self.k_cache[layer].view(-1, *k.shape[1:])[context_slots]
+            cached_v = self.v_cache[layer].view(-1, *v.shape[1:])[context_slots]
+            n = mask.shape[0]
+            visible = torch.cat([torch.ones(n, len(context_slots), dtype=torch.bool), mask], dim=1)
+            out[rows] = masked_attention(
+                q[rows], torch.cat([cached_k, k[rows]]), torch.cat([cached_v, v[rows]]), visible
+            ).to(out.dtype)
+        return out

@@ -1,0 +1,103 @@
+"""Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023), batched over requests and positions.
+
+A drafter proposes tokens ``x_1..x_k`` with probabilities ``q_i``; the target scores all of them in one
+pass and gives ``p_i`` at each of the ``k + 1`` positions. Walking left to right, draft ``x_i`` is kept
+with probability ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection the next token is drawn from
+the residual ``norm(max(0, p_i - q_i))`` and the rest is discarded; if every draft is kept, a bonus token
+comes from ``p_{k+1}``. Every emitted token is then distributed exactly as the target alone would have
+sampled it, whatever ``q`` was (the drafter only changes how many tokens one pass yields).
+
+Greedy decoding is the temperature-0 case: ``p`` is one-hot at the target's argmax, so a draft is kept
+iff it equals the argmax, and the residual of a rejected one is that argmax again.
+A drafter that proposes deterministically (n-gram lookup, a greedy EAGLE head) has ``q`` one-hot at its
+draft: pass ``draft_probs=None``; a draft is then kept with probability ``p(x)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.sampler import sampling_probs
+from ..engine.sampling_params import SamplingParams
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution the plain sampler draws from, for each row of ``logits`` ``[N, V]`` (float32).
+
+    Temperature 0 gives one-hot rows at the argmax; otherwise softmax of the top-k / top-p filtered
+    ``logits / T``: the engine sampler's own ``sampling_probs``.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)  # validates them
+    return sampling_probs(logits, [params] * logits.shape[0])
+
+
+def verify(
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    num_drafts: torch.Tensor | None = None,
+    generators: torch.Generator | list[torch.Generator | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a run of drafts per request and draw the token that follows it.
+
+    ``draft_token_ids`` ``[B, K]`` (long); ``target_probs`` ``[B, K + 1, V]``: row ``i`` is the target's
+    distribution for the token at draft position ``i`` (row ``K``: after the last draft);
+    ``draft_probs`` ``[B, K, V]`` the drafter's ``q`` (None: deterministic drafts, ``q`` one-hot);
+    ``num_drafts`` ``[B]``: request ``b`` drafted only its first ``num_drafts[b]`` tokens (default ``K``);
+    ``generators``: one for all rows, or one per request (None: torch's global generator).
+
+    Returns ``num_accepted`` ``[B]`` and ``next_token`` ``[B]``: request ``b`` emits
+    ``draft_token_ids[b, :num_accepted[b]]`` and then ``next_token[b]``.
+    """
+    batch, k = draft_token_ids.shape
+    if target_probs.shape[:2] != (batch, k + 1):
+        raise ValueError(f"target_probs must be [B, K + 1, V] = [{batch}, {k + 1}, V], got {tuple(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.shape != (batch, k, target_probs.shape[2]):
+        raise ValueError(
+            f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, got {tuple(draft_probs.shape)}"
+        )
+    if num_drafts is None:
+        num_drafts = torch.full((batch,), k, dtype=torch.long)
+    if not isinstance(generators, list):
+        generators = [generators] * batch
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} requests")
+    device = target_probs.device
+    if k == 0:
+        first = target_probs[:, 0]
+        return torch.zeros(batch, dtype=torch.long), torch.stack(
+            [_draw(first[b], generators[b]) for b in range(batch)]
+        ).cpu()
+    uniforms = torch.stack([torch.rand(k, generator=g) for g in generators]).to(device)
+    valid = torch.arange(k, device=device)[None, :] < num_drafts.to(device)[:, None]  # [B, K]
+    drafts = draft_token_ids.to(device).clamp(min=0)  # padding ids (-1) only sit at invalid positions
+    # BEGIN SOLUTION Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts); the run ends at the first rejection (or the last valid draft); the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft
+    p_draft = target_probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # p_i(x_i), [B, K]
+    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
+    accepted = (uniforms * q_draft < p_draft) & valid
+    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # length of the leading run of accepts
+    rows = torch.arange(batch, device=device)
+    p_next = target_probs[rows, num_accepted]  # [B, V]
+    rejected = num_accepted < num_drafts.to(device)  # stopped at a rejection, not after the last draft
+    if draft_probs is None:
+        q_next = torch.zeros_like(p_next).scatter_(-1, drafts.gather(-1, num_accepted.clamp(max=k - 1)[:, None]), 1.0)
+    else:
+        q_next = draft_probs[rows, num_accepted.clamp(max=k - 1)]
+    q_next = q_next * rejected[:, None]
+    residual = (p_next - q_next).clamp(min=0)
+    # p == q gives an empty residual, but then a rejection had probability 0: fall back to p.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, p_next, residual)
+    # END SOLUTION
+    next_token = torch.stack([_draw(residual[b], generators[b]) for b in range(batch)])
+    return num_accepted.cpu(), next_token.cpu()
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from unnormalised ``probs`` ``[V]``; a one-hot row (greedy) takes its argmax, using no randomness."""
+    top = probs.argmax()
+    if probs[top] >= probs.sum():
+        return top
+    return torch.multinomial(probs.float().cpu(), 1, generator=generator)[0].to(probs.device)

@@ -1,0 +1,189 @@
+"""Speculative decoding inside the engine: draft before a step, verify after it, roll back what was rejected.
+
+propose(running)      every request in its decode phase gets ``spec_token_ids`` (a chain, or a tree's
+                      nodes in parent-first order); the scheduler then plans ``1 + k`` tokens for it
+runner.execute(...)   one pass over the root and its drafts (trees: depth positions and a tree mask)
+verify(plan, out)     rejection sampling (chains, batched) or the tree walk; the accepted tokens' K/V
+                      stay (a tree's path is moved up behind the context), the rest is truncated;
+                      the drafter sees the target's features at the accepted positions
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache.kv_cache_manager import KVCacheManager
+from ..cache.paged_kv_cache import PagedKVCache
+from ..config import EngineConfig
+from ..engine.request import Request
+from ..engine.runner import ModelOutput
+from ..engine.sampler import sampling_probs
+from ..engine.scheduler import SchedulerOutput
+from ..model.llama import LlamaModel
+from .drafter import EagleDrafter, NgramDrafter
+from .eagle import HEAD_PATH, load_head, target_features
+from .rejection import verify
+from .tree import DraftTree, walk_tree
+
+
+class Speculator:
+    """Owns the drafter and the per-step draft bookkeeping; counts verify passes and the tokens they gave."""
+
+    def __init__(self, config: EngineConfig, model: LlamaModel, kv: KVCacheManager, cache: PagedKVCache):
+        self.model, self.kv, self.cache = model, kv, cache
+        self.max_model_len = min(config.max_model_len, model.config.max_position_embeddings)
+        k = config.num_speculative_tokens
+        if config.speculative == "ngram":
+            self.drafter: EagleDrafter | NgramDrafter = NgramDrafter(k)
+        else:
+            head = load_head(model, config.eagle_head or HEAD_PATH)
+            self.drafter = EagleDrafter(head, k, tree_depth=k, tree_top_k=config.speculative_tree_top_k)
+        self.tree_nodes = config.speculative_tree_nodes
+        self.trees: dict[str, DraftTree] = {}
+        self.draft_probs: dict[str, torch.Tensor | None] = {}
+        self.known: set[str] = set()
+        self.num_verify_passes = 0
+        self.num_verified_tokens = 0
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.drafter.needs_features
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """tau: tokens emitted per verifying target pass (accepted drafts + the one the target adds)."""
+        return self.num_verified_tokens / max(1, self.num_verify_passes)
+
+    def tree_parents(self) -> dict[str, list[int]]:
+        return {request_id: tree.parents for request_id, tree in self.trees.items()}
+
+    def propose(self, running: list[Request]) -> None:
+        """Draft for every running request whose newest token awaits its pass (the decode phase)."""
+        self.trees.clear()
+        self.draft_probs.clear()
+        for gone in self.known - {r.request_id for r in running}:
+            self.drafter.free(gone)
+        self.known = {r.request_id for r in running}
+        ready, limits = [], []
+        for request in running:
+            request.spec_token_ids = []
+            # The target always adds one token after the drafts: leave room for it.
+            limit = min(
+                request.params.max_tokens - len(request.output_token_ids) - 1,
+                self.max_model_len - request.num_tokens - 1,
+            )
+            in_decode = request.num_computed == request.num_tokens - 1
+            if in_decode and limit > 0 and self.drafter.ready(request.request_id, request.num_computed):
+                ready.append(request)
+                limits.append(limit)
+        if not ready:
+            return
+        if self.tree_nodes:
+            for request, limit in zip(ready, limits):
+                if limit >= self.drafter.tree_depth:
+                    tree = self.drafter.propose_tree(request.request_id, request.all_token_ids, self.tree_nodes)
+                    self.trees[request.request_id] = tree
+                    request.spec_token_ids = tree.token_ids[1:]
+            return
+        drafts = self.drafter.propose(
+            [r.request_id for r in ready],
+            [r.all_token_ids for r in ready],
+            limits,
+            [r.params.temperature for r in ready],
+        )
+        for request, draft in zip(ready, drafts):
+            request.spec_token_ids = draft.token_ids
+            self.draft_probs[request.request_id] = draft.probs
+
+    @torch.inference_mode()
+    def verify(self, plan: SchedulerOutput, out: ModelOutput, computed_before: dict[str, int]) -> dict[str, list[int]]:
+        """Accept drafts for every request that verified some, fix its KV and ``num_computed``; feed the
+        drafter every scheduled request's features. Returns the tokens to append, by request id."""
+        hidden_start, chains, tokens = 0, [], {}
+        for request in plan.scheduled:
+            request_id = request.request_id
+            num_new = plan.num_scheduled_tokens[request_id]
+            before = computed_before[request_id]
+            num_drafts = num_new - 1 if request.spec_token_ids and before == request.num_tokens - 1 else 0
+            hidden_rows = list(range(hidden_start, hidden_start + num_new))
+            hidden_start += num_new
+            if num_drafts == 0:
+                self._observe(request_id, out, hidden_rows, before)
+            elif request_id in self.trees:
+                tokens[request_id] = self._walk(request, out, num_drafts, hidden_rows, before)
+            else:
+                chains.append((request, request.spec_token_ids[:num_drafts], hidden_rows, before))
+            request.spec_token_ids = []
+        if chains:
+            tokens.update(self._verify_chains(chains, out))
+        return tokens
+
+    def _verify_chains(self, chains: list, out: ModelOutput) -> dict[str, list[int]]:
+        """Batched rejection sampling over every request verifying a chain."""
+        longest = max(len(d) for _, d, _, _ in chains)
+        vocab = out.logits.shape[-1]
+        batch = len(chains)
+        drafts = torch.full((batch, longest), -1, dtype=torch.long)
+        probs = torch.zeros(batch, longest + 1, vocab, device=out.logits.device)
+        sampled = any(self.draft_probs.get(r.request_id) is not None for r, _, _, _ in chains)
+        q = torch.zeros(batch, longest, vocab, device=out.logits.device) if sampled else None
+        for b, (request, draft_ids, _, _) in enumerate(chains):
+            num = len(draft_ids)
+            span = out.rows[request.request_id]
+            drafts[b, :num] = torch.tensor(draft_ids)
+            probs[b, : num + 1] = sampling_probs(out.logits[span], [request.params] * (num + 1))
+            if q is not None:
+                draft_q = self.draft_probs.get(request.request_id)
+                if draft_q is None:  # deterministic drafts: q is one-hot
+                    q[b, torch.arange(num), drafts[b, :num]] = 1.0
+                else:
+                    q[b, :num] = draft_q[:num].to(q.device)
+        num_drafts = torch.tensor([len(d) for _, d, _, _ in chains])
+        num_accepted, next_token = verify(drafts, probs, q, num_drafts, [r.generator for r, _, _, _ in chains])
+        tokens = {}
+        for b, (request, _, hidden_rows, before) in enumerate(chains):
+            accepted = int(num_accepted[b])
+            self._commit(request, before, accepted)
+            self._observe(request.request_id, out, hidden_rows[: accepted + 1], before)
+            tokens[request.request_id] = drafts[b, :accepted].tolist() + [int(next_token[b])]
+        return tokens
+
+    def _walk(
+        self, request: Request, out: ModelOutput, num_drafts: int, hidden_rows: list[int], before: int
+    ) -> list[int]:
+        """Walk a verified tree; move the accepted path's K/V up behind the context."""
+        full = self.trees[request.request_id]
+        # A token budget may have cut the tree short: a prefix of a parent-first node list is still a tree.
+        tree = DraftTree(
+            full.token_ids[: num_drafts + 1], full.parents[: num_drafts + 1], full.log_probs[: num_drafts + 1]
+        )
+        probs = sampling_probs(out.logits[out.rows[request.request_id]], [request.params] * len(tree))
+        path, token = walk_tree(tree, probs, request.generator)
+        moves = [(before + node, before + 1 + depth) for depth, node in enumerate(path) if node != depth + 1]
+        if moves:
+            table, size = self.kv.block_table(request.request_id), self.cache.block_size
+            src, dst = (
+                torch.tensor([table[p // size] * size + p % size for p in column], device=self.cache.k.device)
+                for column in zip(*moves)
+            )
+            for layers in (self.cache.k, self.cache.v):
+                flat = layers.view(layers.shape[0], -1, *layers.shape[3:])
+                flat[:, dst] = flat[:, src]
+        self._commit(request, before, len(path))
+        self._observe(request.request_id, out, [hidden_rows[0]] + [hidden_rows[node] for node in path], before)
+        return [tree.token_ids[node] for node in path] + [token]
+
+    def _commit(self, request: Request, before: int, num_accepted: int) -> None:
+        """Keep the K/V of the root and the accepted drafts; hand the rejected drafts' slots back."""
+        request.num_computed = before + 1 + num_accepted
+        self.kv.truncate(request, request.num_computed)
+        self.num_verify_passes += 1
+        self.num_verified_tokens += num_accepted + 1
+        metrics = request.group.metrics
+        metrics.num_verify_passes += 1
+        metrics.num_verified_tokens += num_accepted + 1
+
+    def _observe(self, request_id: str, out: ModelOutput, hidden_rows: list[int], first_position: int) -> None:
+        if self.drafter.needs_features:
+            rows = torch.tensor(hidden_rows, device=out.hidden.device)
+            self.drafter.observe(request_id, target_features(self.model, out.hidden[rows]), first_position)

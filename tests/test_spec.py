@@ -1,0 +1,263 @@
+"""Lesson 4's components on tensors: exact rejection sampling, draft trees, n-gram lookup, the EAGLE head.
+
+The end-to-end checks run a tiny random Llama (fast) through ``spec.loop``: greedy speculative decoding
+must reproduce plain greedy decoding token for token, whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+
+def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson's test over cells with expected count >= 5 (the rest pooled into one cell)."""
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def speculative_markov_samples(rejection, p_table, q_table, k, length, num, deterministic, generator):
+    """``num`` sequences of ``length`` tokens after token 0 from a Markov 'target' ``p_table[prev]``, each
+    drawn by speculative rounds: ``k`` drafts from ``q_table`` (sampled, or its argmax), then ``verify``."""
+    seqs = torch.zeros(num, 1, dtype=torch.long)
+    out = [[] for _ in range(num)]
+    active = torch.arange(num)
+    while len(active):
+        prev = seqs[active, -1]
+        drafts, q_rows = [], []
+        last = prev
+        for _ in range(k):
+            q = q_table[last]
+            token = q.argmax(-1) if deterministic else torch.multinomial(q, 1, generator=generator)[:, 0]
+            drafts.append(token)
+            q_rows.append(q)
+            last = token
+        drafts = torch.stack(drafts, 1)  # [B, k]
+        contexts = torch.cat([prev[:, None], drafts], 1)  # the token before each verified position
+        p = p_table[contexts]  # [B, k + 1, V]
+        q = None if deterministic else torch.stack(q_rows, 1)
+        num_accepted, next_token = rejection.verify(drafts, p, q, generators=generator)
+        new_last = []
+        for row, b in enumerate(active.tolist()):
+            out[b] += drafts[row, : num_accepted[row]].tolist() + [int(next_token[row])]
+            new_last.append(out[b][-1])
+        seqs = torch.cat([seqs, torch.zeros(num, 1, dtype=torch.long)], 1)
+        seqs[active, -1] = torch.tensor(new_last)
+        active = torch.tensor([b for b in active.tolist() if len(out[b]) < length], dtype=torch.long)
+    return torch.tensor([o[:length] for o in out])
+
+
+@pytest.mark.lab4
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-drafts", "deterministic-drafts"])
+def test_speculative_sampling_preserves_the_target_distribution(load, deterministic):
+    """Chi-square over 3-token continuations: speculative samples follow the target's joint distribution,
+    including its top-k / top-p truncation (cells the target forbids are never produced)."""
+    rejection = load("spec.rejection")
+    vocab, length, num = 5, 3, 12000
+    gen = torch.Generator().manual_seed(1)
+    p_logits, q_logits = torch.randn(vocab, vocab, generator=gen) * 1.5, torch.randn(vocab, vocab, generator=gen)
+    p_table = rejection.target_probs(p_logits, temperature=0.8, top_k=4, top_p=0.95)
+    q_table = torch.softmax(q_logits, -1)
+    samples = speculative_markov_samples(rejection, p_table, q_table, 2, length, num, deterministic, gen)
+    cells = samples[:, 0] * vocab**2 + samples[:, 1] * vocab + samples[:, 2]
+    observed = torch.bincount(cells, minlength=vocab**3).double()
+    a, b, c = torch.meshgrid(torch.arange(vocab), torch.arange(vocab), torch.arange(vocab), indexing="ij")
+    joint = (p_table[0][a] * p_table[a, b] * p_table[b, c]).flatten().double()
+    assert observed[joint == 0].sum() == 0, "produced a continuation the target gives probability 0"
+    assert chi_square_p_value(observed, joint * num) > 1e-3
+
+
+@pytest.mark.lab4
+def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
+    rejection = load("spec.rejection")
+    logits = torch.full((2, 4, 10), -5.0)
+    for b, argmaxes in enumerate([[3, 1, 4, 2], [7, 7, 0, 9]]):
+        for i, t in enumerate(argmaxes):
+            logits[b, i, t] = 5.0
+    probs = rejection.target_probs(logits.view(8, 10), temperature=0).view(2, 4, 10)
+    drafts = torch.tensor([[3, 1, 0], [7, 7, 0]])
+    num, nxt = rejection.verify(drafts, probs)
+    assert num.tolist() == [2, 3] and nxt.tolist() == [4, 9]  # rejected at 0 -> argmax 4; all kept -> bonus 9
+    num, nxt = rejection.verify(torch.tensor([[3, -1, -1], [8, -1, -1]]), probs, num_drafts=torch.tensor([1, 1]))
+    assert num.tolist() == [1, 0] and nxt.tolist() == [1, 7]  # the token after the last real draft
+
+
+@pytest.mark.lab4
+def test_tree_attention_mask_matches_a_hand_built_tree(load):
+    tree = load("spec.tree")
+    #      root(0) ─ a(1) ─ c(3)
+    #             │      └ d(4) ─ e(5)
+    #             └ b(2)
+    parents = [-1, 0, 0, 1, 1, 4]
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],
+            [1, 1, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(tree.tree_attention_mask(parents), expected)
+    assert tree.tree_positions(parents, 10).tolist() == [10, 11, 11, 12, 12, 13]
+
+
+def test_tree_walk_follows_the_target_and_is_exact(load):
+    tree_mod = load("spec.tree")
+    tree = tree_mod.DraftTree(token_ids=[9, 1, 2, 3, 4, 5], parents=[-1, 0, 0, 1, 1, 4], log_probs=[0.0] * 6)
+    greedy = torch.zeros(6, 8)
+    for node, best in enumerate([1, 4, 0, 0, 5, 6]):  # root -> 1 (node a), a -> 4 (node d), d -> 5 (node e), e -> 6
+        greedy[node, best] = 1.0
+    assert tree_mod.walk_tree(tree, greedy) == ([1, 4, 5], 6)
+    greedy[1] = 0
+    greedy[1, 7] = 1.0  # the target wants 7 after a: no child holds it
+    assert tree_mod.walk_tree(tree, greedy) == ([1], 7)
+    # Sampling: the first emitted token follows the target's p at the root, whichever children were drafted.
+    p_root = torch.tensor([0.1, 0.3, 0.25, 0.0, 0.15, 0.0, 0.2, 0.0])
+    probs = torch.full((6, 8), 1 / 8)
+    probs[0] = p_root
+    gen = torch.Generator().manual_seed(0)
+    firsts = []
+    for _ in range(4000):
+        path, token = tree_mod.walk_tree(tree, probs, gen)
+        firsts.append(tree.token_ids[path[0]] if path else token)
+    observed = torch.bincount(torch.tensor(firsts), minlength=8).double()
+    assert observed[p_root == 0].sum() == 0
+    assert chi_square_p_value(observed, p_root.double() * 4000) > 1e-3
+
+
+def test_grow_tree_keeps_the_most_probable_nodes_parent_first(load):
+    tree_mod = load("spec.tree")
+    gen = torch.Generator().manual_seed(0)
+    table = torch.log_softmax(torch.randn(16, 16, generator=gen) * 2, -1)  # a toy draft: next token given token
+    calls = []
+
+    def expand(frontier, tokens, parents):
+        calls.append(len(frontier))
+        return table[torch.tensor([tokens[j] for j in frontier])]
+
+    tree = tree_mod.grow_tree(3, table[3], expand, depth=4, top_k=3, num_nodes=10)
+    assert len(tree) == 11 and calls == [3, 3, 3]
+    assert all(0 <= p < i for i, p in enumerate(tree.parents[1:], 1))
+    for i in range(1, len(tree)):  # cumulative scores are the sums of the toy draft's log-probabilities
+        parent = tree.parents[i]
+        assert math.isclose(
+            tree.log_probs[i],
+            tree.log_probs[parent] + float(table[tree.token_ids[parent], tree.token_ids[i]]),
+            abs_tol=1e-5,
+        )
+    assert min(tree.log_probs[1:]) >= sorted(tree.log_probs[1:])[0]
+    with pytest.raises(ValueError, match="depth, top_k and num_nodes"):
+        tree_mod.grow_tree(3, table[3], expand, depth=0, top_k=3, num_nodes=10)
+
+
+def test_ngram_lookup_copies_what_followed_the_latest_match(load):
+    propose = load("spec.ngram").propose_ngram
+    assert propose([5, 6, 7, 8, 9, 5, 6, 7], 3) == [8, 9, 5]
+    assert propose([1, 2, 3, 1, 2, 4, 1, 2], 2) == [4, 1]  # the most recent match wins
+    assert propose([1, 2, 3, 4], 2) == []
+    assert propose([7, 7, 7], 4) == [7]  # overlapping match: only what is already known can be copied
+    with pytest.raises(ValueError, match="num_tokens"):
+        propose([1, 2], 0)
+    with pytest.raises(ValueError, match="min_ngram"):
+        propose([1, 2], 2, max_ngram=1, min_ngram=2)
+
+
+def tiny_llama(load, seed: int = 0):
+    """A random 2-layer Llama with a 64-token vocabulary (float32, CPU)."""
+    config_mod, llama = load("model.config"), load("model.llama")
+    config = config_mod.ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = llama.LlamaModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    model.rope_cos, model.rope_sin = llama.rope_tables(8, 10000.0, 256)
+    return model.eval().requires_grad_(False)
+
+
+def plain_greedy(model, prompt, max_tokens):
+    """The oracle: recompute the whole sequence (no cache) and take the argmax, one token at a time."""
+    ids = list(prompt)
+    for _ in range(max_tokens):
+        ids.append(int(model.sequence_logits(torch.tensor(ids))[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle-chain", "eagle-tree"])
+def test_greedy_speculative_decoding_equals_plain_greedy(load, method):
+    loop, drafter, eagle = load("spec.loop"), load("spec.drafter"), load("spec.eagle")
+    model = tiny_llama(load)
+    torch.manual_seed(1)
+    head = eagle.EagleHead(model.config, torch.randperm(64)[:40]).attach(model)
+    accepted = 0
+    for prompt in [[1, 2, 3, 4, 1, 2, 3], [9, 8, 7], [5] * 6, list(range(20, 40))]:
+        if method == "ngram":
+            d, nodes = drafter.NgramDrafter(4), 0
+        else:
+            d, nodes = drafter.EagleDrafter(head, 3, tree_depth=3, tree_top_k=3), (6 if method == "eagle-tree" else 0)
+        result = loop.speculative_generate(model, d, prompt, 20, tree_nodes=nodes)
+        assert result.token_ids == plain_greedy(model, prompt, 20), (method, prompt)
+        assert 1 + sum(result.per_pass) >= 20 and min(result.per_pass) >= 1  # the prefill gave the first token
+        accepted += sum(result.per_pass) - len(result.per_pass)
+    print(method, "drafts accepted:", accepted)
+
+
+def test_draft_kv_tree_mask_matches_separate_chains(load):
+    """Drafting two branches at once under a tree mask gives the same head outputs as drafting each alone."""
+    eagle = load("spec.eagle")
+    model = tiny_llama(load)
+    head = eagle.EagleHead(model.config, torch.arange(64)).attach(model)
+    feats = torch.randn(5, 32)
+    ids = torch.tensor([3, 4, 5, 6, 7])
+    both = eagle.DraftKV()
+    head(feats[:3], ids[:3], torch.arange(3), both.attend(["s"], [3]))
+    visible = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)  # two siblings at position 3
+    out = head(feats[3:], ids[3:], torch.tensor([3, 3]), both.attend(["s"], [2], [visible]))
+    for row in range(2):
+        alone = eagle.DraftKV()
+        head(feats[:3], ids[:3], torch.arange(3), alone.attend(["s"], [3]))
+        single = head(feats[3 + row : 4 + row], ids[3 + row : 4 + row], torch.tensor([3]), alone.attend(["s"], [1]))
+        torch.testing.assert_close(out[row : row + 1], single)
+
+
+def test_bad_spec_options_fail_clearly(load, tmp_path):
+    eagle = load("spec.eagle")
+    model = tiny_llama(load)
+    head = eagle.EagleHead(model.config, torch.arange(40)).attach(model)
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        head.use_vocab(0)
+    with pytest.raises(ValueError, match="does not fit the model"):
+        eagle.EagleHead(model.config, torch.tensor([70])).attach(model)
+    path = tmp_path / "head.safetensors"
+    eagle.save_head(head, path, {"seed": "0"})
+    other = tiny_llama(load)
+    other.config = type(model.config)(**{**model.config.__dict__, "hidden_size": 64, "num_heads": 8, "head_dim": 8})
+    with pytest.raises(ValueError, match="does not fit the model"):
+        eagle.load_head(other, path)
+    with pytest.raises(FileNotFoundError, match="train one"):
+        eagle.load_head(model, tmp_path / "missing.safetensors")
+    loaded = eagle.load_head(model, path)
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight.half().float())
+
+
+def test_lab4_exercises_are_holes_in_labs():
+    rejection = importlib.import_module("labs.spec.rejection")
+    tree = importlib.import_module("labs.spec.tree")
+    with pytest.raises(NotImplementedError, match="Lab 4"):
+        rejection.verify(torch.zeros(1, 1, dtype=torch.long), torch.full((1, 2, 4), 0.25))
+    with pytest.raises(NotImplementedError, match="Lab 4"):
+        tree.tree_attention_mask([-1, 0])

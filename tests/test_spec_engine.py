@@ -1,0 +1,136 @@
+"""Speculative decoding inside the engine (Lesson 4), on the bundled model.
+
+Greedy speculative decoding must reproduce plain greedy decoding token for token, batched and alone, for
+n-gram drafts, EAGLE chains and EAGLE trees; after rejected drafts the paged KV must hold exactly what a
+fresh prefill would compute.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Write a Python function that checks whether a year is a leap year.",
+    "Why do cats purr?",
+    "Write a short poem about the moon.",
+    "Repeat after me three times: the quick brown fox jumps over the lazy dog.",
+]
+METHODS = {
+    "ngram": dict(speculative="ngram", num_speculative_tokens=3),
+    "eagle-chain": dict(speculative="eagle", num_speculative_tokens=4),
+    "eagle-tree": dict(speculative="eagle", num_speculative_tokens=4, speculative_tree_nodes=10),
+}
+ENGINE = dict(device="cpu", dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_memory=48 << 20)
+
+
+@pytest.fixture(scope="module")
+def chats(llm):
+    return [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(load, chats):
+    plain = load("llm").LLM(**ENGINE)
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=40)
+    return [o.outputs[0].token_ids for o in plain.generate(chats, params)]
+
+
+@pytest.fixture(scope="module", params=list(METHODS))
+def spec_llm(request, load):
+    return request.param, load("llm").LLM(**ENGINE, **METHODS[request.param])
+
+
+def test_greedy_speculative_equals_plain_greedy(load, spec_llm, chats, plain_outputs):
+    method, llm = spec_llm
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=40)
+    batched = llm.generate(chats, params)
+    assert [o.outputs[0].token_ids for o in batched] == plain_outputs, f"{method}, batched"
+    for chat, want in zip(chats[:2], plain_outputs[:2]):
+        assert llm.generate(chat, params)[0].outputs[0].token_ids == want, f"{method}, alone"
+    taus = [o.metrics.mean_acceptance_length for o in batched]
+    assert all(t is not None and t >= 1 for t in taus)
+    assert max(taus) > 1.0, f"{method} accepted no draft at all: {taus}"
+    assert llm.engine.kv.num_used_blocks == 0  # every block came back
+
+
+def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
+    """Run speculatively until drafts were rejected, then one plain step: its logits equal a fresh prefill's."""
+    method, llm = spec_llm
+    engine = llm.engine
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=64)
+    request_id = engine.add_request(chats[0], params)
+    request = engine.groups[request_id].requests[0]
+    speculator = engine.speculator
+    while len(request.output_token_ids) < 24 and not request.finished:
+        engine.step()
+    metrics = request.group.metrics
+    assert 0 < metrics.num_verified_tokens < metrics.num_verify_passes * (1 + engine.config.num_speculative_tokens)
+    captured = {}
+    execute = engine.runner.execute
+
+    def capture(plan, tables, **kwargs):
+        out = execute(plan, tables, **kwargs)
+        captured["logits"] = out.logits[out.rows[request_id]][-1]
+        return out
+
+    engine.speculator, engine.runner.execute = None, capture
+    try:
+        ids = request.all_token_ids
+        engine.step()
+    finally:
+        engine.speculator, engine.runner.execute = speculator, execute
+        engine.abort(request_id)
+    fresh = engine.model.sequence_logits(torch.tensor(ids))[-1]
+    torch.testing.assert_close(captured["logits"], fresh, rtol=1e-4, atol=1e-3)
+
+
+def test_sampling_with_drafts_gives_valid_tokens(load, spec_llm, chats):
+    """Temperature > 0 goes through rejection sampling (its exactness: tests/test_spec.py's chi-square tests)."""
+    method, llm = spec_llm
+    params = load("engine.sampling_params").SamplingParams(temperature=0.8, top_k=50, max_tokens=24, seed=3)
+    out = llm.generate(chats[1:3], params)
+    for o in out:
+        ids = o.outputs[0].token_ids
+        assert len(ids) == 24 or o.outputs[0].finish_reason == "stop"
+        assert all(0 <= t < llm.engine.model_config.vocab_size for t in ids)
+        assert o.metrics.mean_acceptance_length is None or o.metrics.mean_acceptance_length >= 1
+
+
+def test_shipped_head_loads_and_matches_its_checksum(load, llm):
+    eagle = load("spec.eagle")
+    manifest = json.loads((eagle.DATA_DIR / "eagle_head.json").read_text())
+    assert eagle.sha256_of(eagle.HEAD_PATH) == manifest["sha256"]
+    head = eagle.load_head(llm.engine.model)
+    assert len(head.vocab_ids) == int(manifest["draft_vocab_size"])
+    assert head.fc.weight.dtype == torch.float32 and head.fc.weight.shape == (576, 1152)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(speculative="medusa"), "speculative must be None or one of"),
+        (dict(speculative="ngram", num_speculative_tokens=0), "num_speculative_tokens must be an integer >= 1"),
+        (dict(speculative="ngram", speculative_tree_nodes=8), "draft trees need speculative='eagle'"),
+        (dict(speculative="eagle", speculative_tree_nodes=-1), "speculative_tree_nodes must be >= 0"),
+    ],
+)
+def test_bad_speculative_options_fail_clearly(load, options, message):
+    with pytest.raises(ValueError, match=message):
+        load("config").EngineConfig(device="cpu", **options)
+
+
+def test_a_head_that_does_not_fit_fails_clearly(load, tmp_path):
+    config_mod, eagle = load("model.config"), load("spec.eagle")
+    small = config_mod.ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+        head_dim=8, rope_theta=1e4, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    path = tmp_path / "small_head.safetensors"
+    eagle.save_head(eagle.EagleHead(small, torch.arange(10)), path, {})
+    with pytest.raises(ValueError, match="does not fit the model"):
+        load("llm").LLM(**ENGINE, speculative="eagle", eagle_head=str(path))
