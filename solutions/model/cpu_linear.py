@@ -32,6 +32,7 @@ working; a path's own layout is made from it on first use and remade if the weig
 
 from __future__ import annotations
 
+import copy as copy_module
 import hashlib
 import json
 import os
@@ -131,6 +132,15 @@ class CpuLinear(nn.Linear):
                 entry = (version, PATHS[path].store(self.weight.detach()))
             self._stored[path] = entry
         return entry[1]
+
+    def __deepcopy__(self, memo: dict) -> CpuLinear:
+        """A copy with its own weight; derived layouts (oneDNN's opaque tensors cannot be copied) are remade."""
+        copy = CpuLinear.__new__(CpuLinear)
+        memo[id(self)] = copy
+        state = {k: v for k, v in self.__dict__.items() if k != "_stored"}
+        copy.__dict__.update(copy_module.deepcopy(state, memo))
+        copy._stored = {}
+        return copy
 
     def extra_repr(self) -> str:
         picks = ", ".join(f"{regime}: {path}" for regime, path in self.choices.items())
