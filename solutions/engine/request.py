@@ -51,6 +51,17 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + output + draft tokens, without copying the whole sequence
+        (the runner calls this for every scheduled request, every step)."""
+        tokens, offset = [], 0
+        for part in (self.prompt_token_ids, self.output_token_ids, self.spec_token_ids):
+            low, high = max(start - offset, 0), min(end - offset, len(part))
+            if low < high:
+                tokens += part[low:high]
+            offset += len(part)
+        return tokens
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -63,7 +63,7 @@ class ModelRunner:
         for request, table in zip(plan.scheduled, block_tables):
             num_new = plan.num_scheduled_tokens[request.request_id]
             first = request.num_computed
-            tokens = (request.all_token_ids + request.spec_token_ids)[first : first + num_new]
+            tokens = request.token_ids(first, first + num_new)
             token_ids.extend(tokens)
             if trees and request.request_id in trees:
                 parents = trees[request.request_id][:num_new]  # a cut tree is still a tree: parents come first
