@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,12 +34,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serve_with_injected_fault import FAULT_MARKER  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _kv_budget_bytes(model_config) -> int:
     """A small KV cache, so a burst of a few dozen requests overflows it (float32 K and V, every layer)."""
     c = model_config
@@ -51,50 +42,20 @@ def _kv_budget_bytes(model_config) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(impl_name, llm):
-    """Start the server process, wait (bounded) for /health, yield its base URL; always stop it."""
-    port = _free_port()
-    command = [
-        sys.executable,
-        str(Path(__file__).parent / "serve_with_injected_fault.py"),
-        impl_name,
-        "--port", str(port),
-        "--api-key", API_KEY,
-        "--device", "cpu",
-        "--dtype", "float32",
-        "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--kv-block-size", str(KV_BLOCK_SIZE),
-        "--kv-cache-memory", str(_kv_budget_bytes(llm.engine.model_config)),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    pytest.fail(f"the server exited with {process.returncode} before /health:\n{log.read()[-3000:]}")
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the server did not answer /health within {STARTUP_TIMEOUT_S} s")
-                time.sleep(0.5)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+def server(impl_name, llm, load):
+    """The server process on a free port (the launcher waits, bounded, for /health and always stops it)."""
+    options = dict(
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        kv_block_size=KV_BLOCK_SIZE,
+        kv_cache_memory=_kv_budget_bytes(llm.engine.model_config),
+    )
+    program = [sys.executable, str(Path(__file__).parent / "serve_with_injected_fault.py"), impl_name]
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with load("serve.launcher").running_server(options, API_KEY, STARTUP_TIMEOUT_S, env, program) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,26 @@ arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at on
     TPOT  (latency - TTFT) / (output tokens - 1)  E2EL  last chunk - send
     goodput: requests per second that met every latency target (``--goodput ttft:MS tpot:MS e2el:MS``)
 
-By default it starts its own server (loopback only) with the engine options given, then runs the same
-requests offline through ``LLM.generate`` in the same run and prints the server's throughput as a fraction
-of the offline one. Writes a JSON of every figure and per-request time, and a plot.
+By default it starts its own server (loopback only) with the engine options given, runs the same requests
+offline through ``LLM.generate`` in the same run, and prints the server's throughput as a fraction of the
+offline one. With ``--rounds R`` the server's pass and the offline pass alternate R times (server first in
+odd rounds, offline first in even ones) and the figures pool the rounds: on a shared machine the load drifts within minutes, and alternating lets the drift hit
+both sides alike (the per-round ratios show how much it moved). Both sides run under the same
+environment (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ...), which the server process inherits.
+Writes a JSON of every figure and per-request time, and a plot.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import time
@@ -190,24 +196,38 @@ def _slo_value(result: RequestResult, name: str) -> float:
     return 0.0 if value is None else value
 
 
-def offline_throughput(options: dict[str, Any], prompts: list[str], max_tokens: int) -> dict[str, float]:
-    """The same requests through ``LLM.generate`` in this process: the ceiling the server is held to."""
-    from ..engine.sampling_params import SamplingParams
-    from ..llm import LLM
+class OfflineRunner:
+    """The same requests through ``LLM.generate`` in this process: the ceiling the server is held to.
 
-    llm = LLM(**options)
-    chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(chats[: min(4, len(chats))], params, use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outputs = llm.generate(chats, params, use_tqdm=False)
-    duration = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {
-        "duration_s": duration,
-        "output_throughput": tokens / duration,
-        "request_throughput": len(prompts) / duration,
-    }
+    Built once (and warmed up) so that its passes can alternate with the server's."""
+
+    def __init__(self, options: dict[str, Any], prompts: list[str], max_tokens: int):
+        from ..engine.sampling_params import SamplingParams
+        from ..llm import LLM
+
+        self.llm = LLM(**options)
+        self.chats = [self.llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        self.llm.generate(self.chats[: min(4, len(self.chats))], self.params, use_tqdm=False)  # warm-up
+
+    def run(self) -> tuple[int, float]:
+        """One pass over every request: (output tokens, seconds)."""
+        start = time.perf_counter()
+        outputs = self.llm.generate(self.chats, self.params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outputs), time.perf_counter() - start
+
+
+def server_cpu_seconds(url: str) -> float:
+    """CPU seconds the server process has used so far (Prometheus's ``process_cpu_seconds_total``)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError(f"{url}/metrics reports no process_cpu_seconds_total")
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -269,10 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-offline", action="store_true", help="skip the offline LLM.generate comparison")
     parser.add_argument("--out", default="results/serving", help="writes OUT.json and OUT.png")
     parser.add_argument("--seed", type=int, default=0, help="seeds the Poisson arrival times")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="server and offline passes, alternating (figures pool all rounds)"
+    )
     add_engine_args(parser)
     args = parser.parse_args(argv)
-    if args.num_requests < 1 or args.max_tokens < 2:
-        parser.error("--num-requests must be >= 1 and --max-tokens >= 2")
+    if args.num_requests < 1 or args.max_tokens < 2 or args.rounds < 1:
+        parser.error("--num-requests and --rounds must be >= 1, and --max-tokens >= 2")
     options = engine_options(args)
     slos = _parse_slos(args.goodput)
     prompts = load_prompts(args.num_requests)
@@ -285,22 +308,52 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
-    if args.url:
-        results, duration = load(args.url, prompts)
-    else:
-        from ..serve.launcher import running_server
+    offline = None if args.no_offline else OfflineRunner(options, prompts, args.max_tokens)
+    with contextlib.ExitStack() as stack:
+        if args.url:
+            url = args.url
+        else:
+            from ..serve.launcher import running_server
 
-        with running_server(options, api_key=args.api_key) as url:
+            url = stack.enter_context(running_server(options, api_key=args.api_key))
             load(url, prompts[:8])  # warm-up: the first requests pay for lazy imports and allocator growth
-            results, duration = load(url, prompts)
+        results, duration, rounds = [], 0.0, []
+        for i in range(args.rounds):  # server, offline, offline, server, ...: a drift of the load hits both
+            round_ = {}
+            for side in ("server", "offline") if i % 2 == 0 else ("offline", "server"):
+                if side == "offline" and offline is not None:
+                    cpu = time.process_time()
+                    round_["offline_output_tokens"], round_["offline_duration_s"] = offline.run()
+                    round_["offline_cpu_s"] = time.process_time() - cpu
+                elif side == "server":
+                    server_cpu, client_cpu = server_cpu_seconds(url), _own_cpu_seconds()
+                    served, seconds = load(url, prompts)
+                    results += served
+                    duration += seconds
+                    round_["server_output_tokens"] = sum(r.output_tokens for r in served)
+                    round_["server_duration_s"] = seconds
+                    round_["server_cpu_s"] = server_cpu_seconds(url) - server_cpu
+                    round_["client_cpu_s"] = _own_cpu_seconds() - client_cpu
+            rounds.append(round_)
     summary = summarize(results, duration, slos)
     summary["machine"] = machine()
     summary["config"] = {k: v for k, v in vars(args).items() if k not in ("goodput", "api_key")}
     summary["config"]["request_rate"] = str(args.request_rate)
+    summary["rounds"] = rounds
     summary["requests"] = [asdict(r) for r in results]
-    if not args.no_offline:
-        summary["offline"] = offline_throughput(options, prompts, args.max_tokens)
+    if offline is not None:
+        seconds = sum(r["offline_duration_s"] for r in rounds)
+        tokens = sum(r["offline_output_tokens"] for r in rounds)
+        summary["offline"] = {
+            "duration_s": seconds,
+            "output_throughput": tokens / seconds,
+            "request_throughput": args.rounds * len(prompts) / seconds,
+        }
         summary["server_over_offline"] = summary["output_throughput"] / summary["offline"]["output_throughput"]
+        summary["cpu_ms_per_output_token"] = {
+            side: 1e3 * sum(r[f"{side}_cpu_s"] for r in rounds) / sum(r[f"{key}_output_tokens"] for r in rounds)
+            for side, key in (("server", "server"), ("client", "server"), ("offline", "offline"))
+        }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
@@ -329,8 +382,21 @@ def _print(s: dict[str, Any], out: Path) -> None:
         off = s["offline"]
         ratio = s["server_over_offline"]
         print(f"offline LLM.generate: {off['output_throughput']:.1f} tok/s over {off['duration_s']:.2f} s")
+        if len(s["rounds"]) > 1:
+            per_round = [
+                (r["server_output_tokens"] / r["server_duration_s"])
+                / (r["offline_output_tokens"] / r["offline_duration_s"])
+                for r in s["rounds"]
+            ]
+            print("server / offline per round: " + ", ".join(f"{x:.3f}" for x in per_round))
         print(
             f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: {'met' if ratio >= 0.85 else 'NOT met'})"
+        )
+        cpu = s["cpu_ms_per_output_token"]
+        print(
+            f"CPU ms per output token: server {cpu['server']:.2f} + load generator {cpu['client']:.2f} vs offline "
+            f"{cpu['offline']:.2f}; offline / (server + load generator): "
+            f"{cpu['offline'] / (cpu['server'] + cpu['client']):.3f}"
         )
         if ratio > 1.15:
             print("  (the server cannot beat the engine it runs on: the machine's load changed between the two runs)")

@@ -38,13 +38,17 @@ def running_server(
     api_key: str | None = None,
     startup_timeout_s: float = 180,
     env: dict[str, str] | None = None,
+    program: list[str] | None = None,
 ) -> Iterator[str]:
     """Run the server on a free loopback port; yield its base URL once healthy; always stop it.
 
+    ``program`` is the command that takes ``serve``'s options (default ``python -m solutions serve``; the
+    tests pass a wrapper that injects a fault); ``env`` adds to this process's environment.
     Raises RuntimeError with the server's last log lines if it exits or stays silent past the timeout.
     """
     port = free_port()
-    command = [sys.executable, "-m", PACKAGE, "serve", "--port", str(port), "--log-level", "warning"]
+    command = program or [sys.executable, "-m", PACKAGE, "serve"]
+    command = [*command, "--port", str(port), "--log-level", "warning"]
     command += engine_argv(engine_options) + (["--api-key", api_key] if api_key else [])
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), child_env.get("PYTHONPATH")]))

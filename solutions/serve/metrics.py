@@ -2,11 +2,13 @@
 
 Gauges are set from ``Engine.stats()`` after every step; counters and histograms are fed by the engine
 thread as outputs come out, so every figure describes the one engine that serves all connections.
+Prometheus's standard ``process_*`` figures (CPU seconds, memory) describe the server process as a whole;
+``bench serving`` reads its CPU seconds.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from ..engine.engine import EngineStats
 from ..engine.outputs import RequestOutput
@@ -24,6 +26,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"fastmode:{name}", doc, labels, registry=r).labels(**labels)

@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine.outputs import CompletionOutput, RequestOutput
 from .engine_loop import EngineLoop, RequestStream
@@ -54,15 +55,8 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Fast Mode", description="OpenAI-compatible server for the Fast Mode engine")
     app.state.server = state
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        key = state.api_key
-        if key is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                why = "no API key was given" if not given else "the API key is wrong"
-                return _error(401, f"{why}: send the header 'Authorization: Bearer <key>'", "authentication_error")
-        return await call_next(request)
+    if state.api_key is not None:
+        app.add_middleware(RequireAPIKey, api_key=state.api_key)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_request: Request, error: RequestValidationError):
@@ -113,6 +107,27 @@ def build_app(state: ServerState) -> FastAPI:
         return await _serve(state, request, body, [prompt], chat=True)
 
     return app
+
+
+class RequireAPIKey:
+    """ASGI middleware: a ``/v1`` call without ``Authorization: Bearer <api_key>`` gets a 401 error object.
+
+    Plain ASGI rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` relays every
+    chunk of a streamed response through an extra task and memory stream, a cost paid per token."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not secrets.compare_digest(given, self.expected):
+                why = "no API key was given" if not given else "the API key is wrong"
+                reply = _error(401, f"{why}: send the header 'Authorization: Bearer <key>'", "authentication_error")
+                await reply(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # --- one API call: submit its engine requests, then answer as JSON or as a stream ---------------------------
@@ -368,13 +383,12 @@ def run_server(
     from ..llm import LLM
     from ..model.loader import bundled_model_path
 
-    engine = LLM(**engine_options).engine
     model = engine_options.get("model")
     name = served_model_name or Path(model or bundled_model_path()).stem
+    loop = EngineLoop(lambda: LLM(**engine_options).engine, ServerMetrics(name))
+    engine = loop.start()  # the engine thread builds the engine (see engine_loop.py)
     max_model_len = min(engine.config.max_model_len, engine.model_config.max_position_embeddings)
-    loop = EngineLoop(engine, ServerMetrics(name))
     app = build_app(ServerState(loop, name, max_model_len, api_key))
-    loop.start()
     print(f"Serving {name} at http://{host}:{port}/v1 (max_model_len {max_model_len})", flush=True)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level)
