@@ -5,8 +5,13 @@ kernel module before ``TRITON_INTERPRET`` is decided): ``store_kv_torch`` writes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups of similar context length
+MIN_BUCKET = 4  # ... of at least this many sequences (each group costs a gather and an attention call a layer)
 
 
 def check_store_kv_inputs(
@@ -95,9 +100,10 @@ class TorchPagedStep:
     Each sequence's blocks are gathered into one contiguous ``[Hkv, L, D]`` view of its context, then torch's
     fused ``scaled_dot_product_attention`` attends without materialising a score matrix. Sequences with a single
     query (decodes) form one batch; the others (prefill chunks, draft verification) are padded to the longest
-    of them and form a second. Masks are additive float tensors made here, once. Without padding to hide (one
-    decode, or one prompt computed from its first token) no mask is used at all: the decode's keys are cut to
-    its length, the prompt runs ``is_causal``.
+    of them and form a second. Decodes are sorted by context length and split into a few buckets, each padded
+    to its own longest context (less padding to gather and to attend over). Masks are additive tensors made
+    here, once. Without padding to hide (one decode, or one prompt computed from its first token) no mask is
+    used at all: the decode's keys are cut to its length, the prompt runs ``is_causal``.
     """
 
     def __init__(
@@ -117,14 +123,7 @@ class TorchPagedStep:
         device = block_table.device
         length = self.num_blocks * block_size
         key_pos = torch.arange(length, device=device)
-        self.decode_table = self.decode_mask = self.decode_keep = None
-        if num_single:
-            self.decode_table = table[:num_single]
-            lens = seq_lens[:num_single]
-            if num_single == 1:
-                self.decode_keep = int(lens[0])
-            else:
-                self.decode_mask = _additive(key_pos[None, :] < lens[:, None], dtype)[:, None, None, :]
+        self.decode_buckets = self._decode_buckets(table, seq_lens[:num_single].tolist(), block_size, dtype)
         self.prefill_table = self.prefill_mask = self.token = self.token_valid = self.valid = None
         self.causal_len = None
         if num_single < len(q_lens):
@@ -168,12 +167,55 @@ class TorchPagedStep:
         out[self.token_valid] = attended[self.valid]
         return out
 
+    @staticmethod
+    def _decode_buckets(table, lens: list[int], block_size: int, dtype) -> list[DecodeBucket]:
+        """The step's decodes sorted by length and cut into at most ``DECODE_BUCKETS`` groups of at least
+        ``MIN_BUCKET`` sequences: each group is padded only to its own longest context."""
+        if not lens:
+            return []
+        order = sorted(range(len(lens)), key=lens.__getitem__)
+        count = max(1, min(DECODE_BUCKETS, len(lens) // MIN_BUCKET))
+        buckets = []
+        for i in range(count):
+            members = order[i * len(lens) // count : (i + 1) * len(lens) // count]
+            longest = lens[members[-1]]
+            rows = None if count == 1 else torch.tensor(members, device=table.device)
+            bucket_table = table[: len(lens)] if rows is None else table[rows]
+            mask = None
+            if any(lens[m] != longest for m in members):
+                member_lens = torch.tensor([lens[m] for m in members] if rows is not None else lens)
+                visible = torch.arange(longest)[None, :] < member_lens[:, None]
+                mask = _additive(visible.to(table.device), dtype)[:, None, None, :]
+            buckets.append(DecodeBucket(rows, bucket_table[:, : -(-longest // block_size)], longest, mask))
+        return buckets
+
     def _decode(self, q, k_cache, v_cache, sm_scale):
-        """One query per sequence: q ``[B, Hq, 1, D]`` against each sequence's gathered context."""
-        keys, values = _gather(k_cache, v_cache, self.decode_table)
-        if self.decode_keep is not None:
-            keys, values = keys[:, :, : self.decode_keep], values[:, :, : self.decode_keep]
-        return _sdpa(q.unsqueeze(2), keys, values, self.decode_mask, sm_scale).squeeze(2)
+        """One query per sequence: q ``[B, Hq, D]`` against each sequence's gathered context, bucket by bucket."""
+        if len(self.decode_buckets) == 1:
+            return self._decode_bucket(self.decode_buckets[0], q, k_cache, v_cache, sm_scale)
+        out = torch.empty_like(q)
+        for bucket in self.decode_buckets:
+            attended = self._decode_bucket(bucket, q.index_select(0, bucket.rows), k_cache, v_cache, sm_scale)
+            out.index_copy_(0, bucket.rows, attended)
+        return out
+
+    @staticmethod
+    def _decode_bucket(bucket, q, k_cache, v_cache, sm_scale):
+        keys, values = _gather(k_cache, v_cache, bucket.table)
+        keys, values = keys[:, :, : bucket.length], values[:, :, : bucket.length]
+        return _sdpa(q.unsqueeze(2), keys, values, bucket.mask, sm_scale).squeeze(2)
+
+
+@dataclass(frozen=True)
+class DecodeBucket:
+    """Decodes attended together: ``rows`` of the step's decode queries (None: all of them, in order), their
+    block ``table`` ``[b, blocks]`` (int64), the longest context ``length``, and the additive ``mask``
+    ``[b, 1, 1, length]`` hiding each shorter context's padding (None when every context has that length)."""
+
+    rows: torch.Tensor | None
+    table: torch.Tensor
+    length: int
+    mask: torch.Tensor | None
 
 
 def _gather(k_cache, v_cache, table):
