@@ -160,11 +160,18 @@ def test_prefill_head_dim_128_and_scale(pa):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "seq_lens, q_lens",
-    [([37, 1, 70, 16], [1, 1, 1, 1]), ([29, 19, 45, 67, 1], [1, 19, 7, 3, 1]), ([12, 50, 33], [1, 1, 33])],
+    [
+        ([37, 1, 70, 16], [1, 1, 1, 1]),
+        ([29, 19, 45, 67, 1], [1, 19, 7, 3, 1]),
+        ([12, 50, 33], [1, 1, 33]),
+        ([5, 90, 33, 17, 64, 2, 48, 71, 16, 40, 9, 33], [1] * 12),
+        ([44, 3, 81, 16, 16, 16, 16, 27, 60], [1] * 8 + [12]),
+    ],
 )
 def test_torch_path_matches_reference(load, seq_lens, q_lens, dtype):
     """The CPU path (``kernels.paged_torch.paged_attention_torch``) on the same layouts: decodes only, a mixed step
-    with a decode after the prefills, decodes first then a whole prompt. Stale rows are large finite garbage: it
+    with a decode after the prefills, decodes first then a whole prompt, many decodes of mixed lengths (attended
+    in length buckets), with and without a prefill after them. Stale rows are large finite garbage: it
     gathers whole blocks and relies on the mask (a NaN there would reach the output through 0 * NaN)."""
     torch_path = load("kernels.paged_torch")
     batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, dtype=dtype, stale=1e4)

@@ -89,7 +89,10 @@ def print_linear_paths(model) -> None:
 
 
 def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
-    """Median time to first token of one prompt (prefill + one sampled token)."""
+    """Median time to first token of one prompt (prefill + one sampled token). ``llm`` must not cache prefixes:
+    every repeat has to compute the whole prompt."""
+    if llm.engine.config.enable_prefix_caching:
+        raise ValueError("prefill_seconds needs an LLM with enable_prefix_caching=False (repeats would hit the cache)")
     from ..engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     max_len = max(args.tokens, args.prefill_tokens) + 64
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    llm = LLM(device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len)
+    # No prefix caching: the prefill measurement repeats one prompt, which would otherwise be served from the cache.
+    llm = LLM(device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False)
     runs = {f"fast-mode engine {args.dtype}": lambda n: llm.generate(PROMPT, greedy(n))}
     bf16 = None
     if args.dtype == "float32" and not args.no_bf16 and PATHS["onednn"].supports(torch.bfloat16):

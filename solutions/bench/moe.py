@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions bench moe", description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024, help="each expert's intermediate width I")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 4096])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--gpu-tokens", type=int, default=4096)
@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print("goal (CPU): the torch path within 1.5x of the dense FFN of the same active size. Where the batch's")
     print("routing reads all experts (last column 4x) and the layer is memory-bound, no MoE path can meet it;")
     print("it applies at batch 1 (the same bytes) and at compute-bound token counts (the same FLOPs).")
+    for tokens, ms, _ in (rows[0], rows[-1]):
+        ratio = ms[names[0]] / ms[names[2]]
+        verdict = "met" if ratio <= 1.5 else "not met"
+        print(f"goal at {tokens} tokens: torch path / dense = {ratio:.2f}x (goal <= 1.5x): {verdict}")
     if torch.cuda.is_available():
         print("\n".join(["", *gpu_table(args.gpu_tokens)]))
     else:

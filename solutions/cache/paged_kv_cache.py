@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention_backend import resolve_backend
-from ..kernels.paged_torch import paged_attention_torch, store_kv_torch
+from ..kernels.paged_torch import TorchPagedStep, write_slots
 
 
 class PagedKVCache:
@@ -74,7 +74,10 @@ class AttentionMetadata:
 class PagedAttention:
     """The model's ``attend`` for one step: write this step's K/V into their slots, then attend through the
     block tables. The torch path serves the CPU; "triton" runs the Lesson 2 kernels (compiled on CUDA, through
-    the interpreter on CPU)."""
+    the interpreter on CPU).
+
+    The torch path does the step's index work here, once (slot checks, which tokens have a slot, gather
+    tables, masks: a ``TorchPagedStep``), so each layer only copies its K/V in and attends."""
 
     def __init__(self, cache: PagedKVCache, meta: AttentionMetadata, backend: str = "auto"):
         self.cache, self.meta = cache, meta
@@ -84,20 +87,33 @@ class PagedAttention:
             from ..kernels.store_kv import store_kv
 
             self._attention, self._store = paged_attention, store_kv
-        else:
-            self._attention, self._store = paged_attention_torch, store_kv_torch
+            return
+        slots = meta.slot_mapping
+        num_slots = cache.num_blocks * cache.block_size
+        if slots.numel() and int(slots.max()) >= num_slots:
+            raise ValueError(f"slot {int(slots.max())} is past the cache's last row ({num_slots - 1})")
+        has_slot = slots >= 0  # a negative slot marks a token whose K/V is not kept
+        self._with_slot = None if bool(has_slot.all()) else has_slot.nonzero().squeeze(1)
+        self._slots = (slots if self._with_slot is None else slots[self._with_slot]).long()
+        self._step = TorchPagedStep(
+            meta.block_table, meta.query_start_loc, meta.seq_lens, cache.block_size, meta.max_seq_len, cache.k.dtype
+        )
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, k_cache, v_cache = self.meta, self.cache.k[layer], self.cache.v[layer]
-        self._store(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self._attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_table,
-            meta.query_start_loc,
-            meta.seq_lens,
-            max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
-        )
-
+        if self.triton:
+            self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+            return self._attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_table,
+                meta.query_start_loc,
+                meta.seq_lens,
+                max_query_len=meta.max_query_len,
+                max_seq_len=meta.max_seq_len,
+            )
+        if self._with_slot is not None:
+            k, v = k[self._with_slot], v[self._with_slot]
+        write_slots(k, v, k_cache, v_cache, self._slots)
+        return self._step.attend(q, k_cache, v_cache)

@@ -172,7 +172,8 @@ class Engine:
             request_id = str(next(self._ids))
         elif request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return RequestGroup(request_id, text, token_ids, params, now)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        return RequestGroup(request_id, text, token_ids, params, now, stop_ids)
 
     def _new_request(self, group: RequestGroup, index: int) -> Request:
         request_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
@@ -288,9 +289,6 @@ class Engine:
     def _update(self, request: Request, tokens: list[int]) -> None:
         """The one update path: append any number of accepted tokens, apply the stop rules, and free a
         finished request's blocks."""
-        stop_ids = frozenset(request.params.stop_token_ids)
-        if not request.params.ignore_eos:
-            stop_ids |= self.eos_token_ids
-        request.append_tokens(tokens, stop_ids, self.max_model_len)
+        request.append_tokens(tokens, request.group.stop_token_ids, self.max_model_len)
         if request.status is Status.FINISHED:
             self.scheduler.finish(request)

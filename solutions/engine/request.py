@@ -101,12 +101,20 @@ class Request:
 
 
 class RequestGroup:
-    """One submitted prompt and its ``n`` completions; the metrics count every completion's tokens."""
+    """One submitted prompt and its ``n`` completions; the metrics count every completion's tokens.
+    ``stop_token_ids``: the token ids that end a completion (the params' own, plus EOS unless ``ignore_eos``)."""
 
     def __init__(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams, now: float
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        now: float,
+        stop_token_ids: frozenset[int] = frozenset(),
     ):
         self.request_id = request_id
+        self.stop_token_ids = stop_token_ids
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
