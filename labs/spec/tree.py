@@ -202,10 +202,12 @@ class TreeAttention:
         self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
     ):
         self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
+        slots = paged.meta.slot_mapping
+        # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
+        self.store_only = sum(rows.stop - rows.start for rows, _, _ in trees) == len(slots) and bool((slots >= 0).all())
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if sum(rows.stop - rows.start for rows, _, _ in self.trees) == q.shape[0]:
-            # Every row is a tree's (batch 1): store the K/V, skip the paged attention that would be redone.
+        if self.store_only:
             slots = self.paged.meta.slot_mapping
             for cache, new in ((self.k_cache[layer], k), (self.v_cache[layer], v)):
                 cache.view(-1, *new.shape[1:]).index_copy_(0, slots, new.to(cache.dtype))
