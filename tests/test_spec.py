@@ -119,9 +119,11 @@ def test_tree_walk_follows_the_target_and_is_exact(load):
     for node, best in enumerate([1, 4, 0, 0, 5, 6]):  # root -> 1 (node a), a -> 4 (node d), d -> 5 (node e), e -> 6
         greedy[node, best] = 1.0
     assert tree_mod.walk_tree(tree, greedy) == ([1, 4, 5], 6)
+    assert tree_mod.walk_greedy(tree, greedy.argmax(-1).tolist()) == ([1, 4, 5], 6)
     greedy[1] = 0
     greedy[1, 7] = 1.0  # the target wants 7 after a: no child holds it
     assert tree_mod.walk_tree(tree, greedy) == ([1], 7)
+    assert tree_mod.walk_greedy(tree, greedy.argmax(-1).tolist()) == ([1], 7)
     # Sampling: the first emitted token follows the target's p at the root, whichever children were drafted.
     p_root = torch.tensor([0.1, 0.3, 0.25, 0.0, 0.15, 0.0, 0.2, 0.0])
     probs = torch.full((6, 8), 1 / 8)

@@ -25,6 +25,15 @@ def _machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads"
 
 
+def _llama_cpp_line() -> str:
+    """The AWQ-vs-llama.cpp goal needs the llama_cpp package on this machine; say so when it is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama.cpp comparison (goal: AWQ batch-1 >= 1.5x llama.cpp Q4_1): not run, llama_cpp is not installed"
+    return "llama.cpp comparison (goal: AWQ batch-1 >= 1.5x llama.cpp Q4_1): llama_cpp is installed but not wired here"
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..engine.sampling_params import SamplingParams
     from ..llm import LLM
@@ -33,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions bench spec", description=__doc__.split("\n")[0])
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--prompts", type=int, default=6, help="held-back prompts to use (of 12)")
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    parser.add_argument("--tree-nodes", type=int, default=16)
+    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="chain length")
+    parser.add_argument("--tree-nodes", type=int, default=8)
+    parser.add_argument("--tree-depth", type=int, default=4)
+    parser.add_argument("--tree-top-k", type=int, default=4, help="nodes expanded per depth")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
     rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (i % 4, i))][: args.prompts]  # mix the kinds
     k = args.num_speculative_tokens
@@ -45,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         f"n-gram k={k}": dict(speculative="ngram", num_speculative_tokens=k),
         f"EAGLE chain k={k}": dict(speculative="eagle", num_speculative_tokens=k),
         f"EAGLE tree {args.tree_nodes}": dict(
-            speculative="eagle", num_speculative_tokens=k + 1, speculative_tree_nodes=args.tree_nodes
+            speculative="eagle",
+            num_speculative_tokens=args.tree_depth,
+            speculative_tree_nodes=args.tree_nodes,
+            speculative_tree_top_k=args.tree_top_k,
         ),
     }
     engines = {
@@ -79,5 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:18s} | {speed:8.1f} | {speed / plain_speed:7.2f}x | {tau:5.2f}")
     print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
           f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
+    print(f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, {args.tree_nodes} nodes kept")
+    print(_llama_cpp_line())
     print("outputs identical to plain decoding" if not mismatches else f"{mismatches} outputs DIFFER from plain")
     return 1 if mismatches else 0

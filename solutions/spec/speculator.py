@@ -23,7 +23,7 @@ from ..model.llama import LlamaModel
 from .drafter import EagleDrafter, NgramDrafter
 from .eagle import HEAD_PATH, load_head, target_features
 from .rejection import verify
-from .tree import DraftTree, walk_tree
+from .tree import DraftTree, walk_greedy, walk_tree
 
 
 class Speculator:
@@ -120,6 +120,8 @@ class Speculator:
 
     def _verify_chains(self, chains: list, out: ModelOutput) -> dict[str, list[int]]:
         """Batched rejection sampling over every request verifying a chain."""
+        if all(request.params.greedy for request, _, _, _ in chains):
+            return self._verify_greedy_chains(chains, out)
         longest = max(len(d) for _, d, _, _ in chains)
         vocab = out.logits.shape[-1]
         batch = len(chains)
@@ -148,6 +150,22 @@ class Speculator:
             tokens[request.request_id] = drafts[b, :accepted].tolist() + [int(next_token[b])]
         return tokens
 
+    def _verify_greedy_chains(self, chains: list, out: ModelOutput) -> dict[str, list[int]]:
+        """Rejection sampling's temperature-0 case without building distributions: ``p`` is one-hot at the
+        argmax, so a draft is kept iff it equals the target's argmax, and the next token is that argmax."""
+        choices = out.logits.argmax(dim=-1).tolist()
+        tokens = {}
+        for request, draft_ids, hidden_rows, before in chains:
+            span = out.rows[request.request_id]
+            targets = choices[span.start : span.start + len(draft_ids) + 1]
+            accepted = 0
+            while accepted < len(draft_ids) and draft_ids[accepted] == targets[accepted]:
+                accepted += 1
+            self._commit(request, before, accepted)
+            self._observe(request.request_id, out, hidden_rows[: accepted + 1], before)
+            tokens[request.request_id] = list(draft_ids[:accepted]) + [targets[accepted]]
+        return tokens
+
     def _walk(
         self, request: Request, out: ModelOutput, num_drafts: int, hidden_rows: list[int], before: int
     ) -> list[int]:
@@ -157,8 +175,11 @@ class Speculator:
         tree = DraftTree(
             full.token_ids[: num_drafts + 1], full.parents[: num_drafts + 1], full.log_probs[: num_drafts + 1]
         )
-        probs = sampling_probs(out.logits[out.rows[request.request_id]], [request.params] * len(tree))
-        path, token = walk_tree(tree, probs, request.generator)
+        logits = out.logits[out.rows[request.request_id]]
+        if request.params.greedy:  # one-hot p: follow the child that holds the target's argmax
+            path, token = walk_greedy(tree, logits.argmax(dim=-1).tolist())
+        else:
+            path, token = walk_tree(tree, sampling_probs(logits, [request.params] * len(tree)), request.generator)
         moves = [(before + node, before + 1 + depth) for depth, node in enumerate(path) if node != depth + 1]
         if moves:
             table, size = self.kv.block_table(request.request_id), self.cache.block_size

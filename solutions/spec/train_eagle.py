@@ -67,12 +67,15 @@ def head_loss(
     ce_weight: float,
     noise: float,
     unroll: int,
+    score_from: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE's loss on one sequence, and how often the head's first draft matches the target's choice.
 
     Pair ``i`` = ``(f_i, token_{i+1})`` predicts ``f_{i+1}`` and the target's choice at ``i + 1``
     (``labels[i + 1]``, mapped into the draft vocabulary; tokens outside it do not count for the CE).
-    Pass ``u > 1`` replaces ``f_i`` by the previous pass's prediction of it.
+    Pass ``u > 1`` replaces ``f_i`` by the previous pass's prediction of it. The agreement counts pairs
+    ``score_from ..`` only (``prompt_len - 1``: the drafts a generation makes, not the chat template's
+    system prompt, which every sequence shares and which is easy to guess).
     """
     length = features.shape[0] - 1
     target = features[1:]
@@ -91,9 +94,22 @@ def head_loss(
         )
         total = total + loss / (step + 1)
         if step == 0:
-            first_hits = (head.vocab_ids[logits.argmax(-1)] == labels[1:]).float().mean()
+            first_hits = (head.vocab_ids[logits.argmax(-1)] == labels[1:])[score_from:].float().mean()
         inputs = torch.cat([features[:1], predicted[:-1]])  # the head's own predictions replace f_1..f_{L-1}
     return total, first_hits
+
+
+def _read_features_cache(path: Path | None, rows: list[dict]) -> list | None:
+    """The cached ``(ids, features, labels, prompt_len)`` of ``rows``, or None when absent or not theirs."""
+    if path is None or not path.exists():
+        return None
+    cached = torch.load(path)
+    if len(cached) != len(rows) or any(
+        ids.tolist() != r["token_ids"] or start != r["prompt_len"] for (ids, _, _, start), r in zip(cached, rows)
+    ):
+        print(f"{path} holds other sequences: computing the features again")
+        return None
+    return cached
 
 
 def _relative(path: Path) -> str:
@@ -119,18 +135,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=192, help="answer length per prompt")
     parser.add_argument("--vocab-size", type=int, default=4096, help="draft vocabulary (most frequent tokens)")
     parser.add_argument("--keep-vocab", type=int, default=8192, help="ranked tokens stored, to measure other sizes")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=7)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
-    parser.add_argument("--ce-weight", type=float, default=0.1)
+    parser.add_argument("--batch", type=int, default=2, help="sequences per optimizer step")
+    parser.add_argument("--ce-weight", type=float, default=1.0)
     parser.add_argument("--noise", type=float, default=0.2, help="uniform feature noise, times the feature std")
     parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reuse-responses", action="store_true", help="train on data/spec/responses.jsonl as is")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--features-cache",
+        type=Path,
+        default=None,
+        help="keep the target's features here (written once, read when its sequences match): skips a slow pass",
+    )
+    parser.add_argument(
+        "--reuse-responses",
+        action="store_true",
+        help="train on data/spec/responses.jsonl as is (and score on heldout_responses.jsonl, when present)",
+    )
     args = parser.parse_args(argv)
     if args.vocab_size > args.keep_vocab:
         parser.error("--vocab-size must not exceed --keep-vocab")
     torch.manual_seed(args.seed)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -139,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(device="cpu", dtype="float32", max_num_seqs=16, max_model_len=1024)
     model = llm.engine.model
     responses_path = args.out.parent / "responses.jsonl"
+    heldout_path = args.out.parent / "heldout_responses.jsonl"
     if args.reuse_responses:
         train_rows = [json.loads(line) for line in responses_path.read_text().splitlines()]
     else:
@@ -146,14 +176,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generating answers to {len(prompts)} prompts ({args.max_tokens} tokens max, greedy)")
         train_rows = generate_responses(llm, prompts, args.max_tokens)
         responses_path.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
-    heldout_rows = generate_responses(llm, read_prompts(args.heldout), args.max_tokens)
+    if args.reuse_responses and heldout_path.exists():
+        heldout_rows = [json.loads(line) for line in heldout_path.read_text().splitlines()]
+    else:
+        heldout_rows = generate_responses(llm, read_prompts(args.heldout), args.max_tokens)
+        heldout_path.write_text("".join(json.dumps(r) + "\n" for r in heldout_rows))
     generated_s = time.perf_counter() - started
 
-    train = [
-        (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]))
-        for r in tqdm(train_rows, "features")
-    ]
-    heldout = [(torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"])) for r in heldout_rows]
+    cached = _read_features_cache(args.features_cache, train_rows + heldout_rows)
+    if cached is None:
+        every = [
+            (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]), r["prompt_len"])
+            for r in tqdm(train_rows + heldout_rows, "features")
+        ]
+        if args.features_cache is not None:
+            torch.save(every, args.features_cache)
+    else:
+        every = cached
+    train = [(ids, feats, labels) for ids, feats, labels, _ in every[: len(train_rows)]]
+    heldout = every[len(train_rows) :]
     ranked = most_frequent_tokens(
         [r["token_ids"] for r in train_rows] + [lab.tolist() for _, _, lab in train], args.keep_vocab
     )
@@ -187,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     progress.close()
 
     with torch.no_grad():
-        heldout_top1 = sum(float(head_loss(head, f, i, lab, 0.0, 0.0, 1)[1]) for i, f, lab in heldout) / len(heldout)
+        heldout_top1 = sum(
+            float(head_loss(head, f, i, lab, 0.0, 0.0, 1, score_from=start - 1)[1]) for i, f, lab, start in heldout
+        ) / len(heldout)
     elapsed = time.perf_counter() - started
     metadata = {
         "command": "python -m solutions.spec.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -205,13 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in responses.jsonl"
         ),
         "settings": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "heldout_top1": round(heldout_top1, 4),
+        "heldout_answer_top1": round(heldout_top1, 4),
         "generation_seconds": round(generated_s, 1),
         "total_seconds": round(elapsed, 1),
         "machine": _machine(),
     }
     args.out.with_suffix(".json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"held-out first-draft agreement with the target: {heldout_top1:.3f}")
+    print(f"held-out first-draft agreement with the target, on the answers: {heldout_top1:.3f}")
     print(f"wrote {args.out} (sha256 {digest}) in {elapsed / 60:.1f} min")
     return 0
 

@@ -178,12 +178,29 @@ def walk_tree(
             return path, token
 
 
+def walk_greedy(tree: DraftTree, choices: list[int]) -> tuple[list[int], int]:
+    """``walk_tree`` at temperature 0, from the target's argmax after each node (``choices[i]``): descend
+    while a child holds the argmax (the first such child, as ``walk_tree`` tries them); the next token is
+    the argmax at the node where the descent stops."""
+    if len(choices) != len(tree):
+        raise ValueError(f"got {len(choices)} choices for a tree of {len(tree)} nodes")
+    children: dict[int, dict[int, int]] = {}
+    for node in range(1, len(tree)):
+        children.setdefault(tree.parents[node], {}).setdefault(tree.token_ids[node], node)
+    path: list[int] = []
+    node = 0
+    while choices[node] in children.get(node, {}):
+        node = children[node][choices[node]]
+        path.append(node)
+    return path, choices[node]
+
+
 class TreeAttention:
     """Wraps one step's paged attention for a batch where some requests verify trees.
 
     The paged call writes every token's K/V into its slot and attends bottom-right causally, which is
     wrong for tree rows; each tree's rows are then recomputed over its context's cached K/V plus the
-    tree's own, under the tree mask. ``trees``: ``(rows, context_slots, mask)`` per tree request, with
+    tree's own, under the tree mask (a step of trees alone only stores its K/V before that). ``trees``: ``(rows, context_slots, mask)`` per tree request, with
     ``rows`` its slice of the step's flat batch, ``context_slots`` the cache rows of positions before the
     root, ``mask`` its ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
     """
@@ -192,9 +209,18 @@ class TreeAttention:
         self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
     ):
         self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
+        slots = paged.meta.slot_mapping
+        # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
+        self.store_only = sum(rows.stop - rows.start for rows, _, _ in trees) == len(slots) and bool((slots >= 0).all())
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = self.paged(layer, q, k, v)
+        if self.store_only:
+            slots = self.paged.meta.slot_mapping
+            for cache, new in ((self.k_cache[layer], k), (self.v_cache[layer], v)):
+                cache.view(-1, *new.shape[1:]).index_copy_(0, slots, new.to(cache.dtype))
+            out = torch.empty_like(q)
+        else:
+            out = self.paged(layer, q, k, v)
         for rows, context_slots, mask in self.trees:
             cached_k = self.k_cache[layer].view(-1, *k.shape[1:])[context_slots]
             cached_v = self.v_cache[layer].view(-1, *v.shape[1:])[context_slots]
