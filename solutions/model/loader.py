@@ -166,11 +166,14 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     if not use_cache or not checkpoint.quantized:  # F32/F16/BF16 files are read directly: a cast is cheap
         return LoadedWeights(config, state, tokenizer, path)
     weights_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = weights_file.with_suffix(".partial")
+    # Per-process names: two processes converting at once (test workers) must not write or rename each other's file.
+    partial = weights_file.with_suffix(f".{os.getpid()}.partial")
+    partial_tokenizer = tokenizer_file.with_suffix(f".{os.getpid()}.partial")
     shapes = {hf_name(name): info.shape for name, info in checkpoint.tensors.items() if hf_name(name)}
     metadata = {"config": json.dumps(config.to_dict()), "tokenizer": json.dumps(_tokenizer_settings(tokenizer))}
     write_safetensors_streaming(partial, state, shapes, metadata)
-    tokenizer.backend.save(str(tokenizer_file))
+    tokenizer.backend.save(str(partial_tokenizer))
+    partial_tokenizer.replace(tokenizer_file)
     partial.replace(weights_file)  # atomic: a crash never leaves a half-written cache behind
     return LoadedWeights(config, LazyStateDict(safetensors_readers(weights_file)), tokenizer, path)
 
