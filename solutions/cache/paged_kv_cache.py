@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention_backend import resolve_backend
-from ..kernels.paged_torch import TorchPagedStep, write_slots
+from ..kernels.paged_torch import TorchPagedStep, kept_slots, write_slots
 
 
 class PagedKVCache:
@@ -92,9 +92,7 @@ class PagedAttention:
         num_slots = cache.num_blocks * cache.block_size
         if slots.numel() and int(slots.max()) >= num_slots:
             raise ValueError(f"slot {int(slots.max())} is past the cache's last row ({num_slots - 1})")
-        has_slot = slots >= 0  # a negative slot marks a token whose K/V is not kept
-        self._with_slot = None if bool(has_slot.all()) else has_slot.nonzero().squeeze(1)
-        self._slots = (slots if self._with_slot is None else slots[self._with_slot]).long()
+        self._with_slot, self._slots = kept_slots(slots)
         self._step = TorchPagedStep(
             meta.block_table, meta.query_start_loc, meta.seq_lens, cache.block_size, meta.max_seq_len, cache.k.dtype
         )

@@ -52,10 +52,20 @@ def store_kv_torch(
 ) -> None:
     """The CPU path of ``store_kv``: ``index_copy_`` into the caches viewed as ``[num_slots, Hkv, D]``."""
     check_store_kv_inputs(k, v, k_cache, v_cache, slot_mapping)
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    write_slots(k, v, k_cache, v_cache, slot_mapping.long())
+    with_slot, slots = kept_slots(slot_mapping)
+    if with_slot is not None:
+        k, v = k[with_slot], v[with_slot]
+    write_slots(k, v, k_cache, v_cache, slots)
+
+
+def kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the tokens that have a slot, or None when all do; their slots as int64). A negative slot marks a token
+    whose K/V is not kept."""
+    has_slot = slot_mapping >= 0
+    if bool(has_slot.all()):
+        return None, slot_mapping.long()
+    with_slot = has_slot.nonzero().squeeze(1)
+    return with_slot, slot_mapping[with_slot].long()
 
 
 def write_slots(
