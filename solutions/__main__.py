@@ -153,10 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     ppl.add_argument("--group-size", type=int, default=64)
     ppl.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens")
     ppl.add_argument("--window", type=int, default=512, help="tokens per independently scored window")
-    bench = commands.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
-    bench.add_argument("name", choices=sorted(BENCHES), help="; ".join(f"{k}: {v}" for k, v in BENCHES.items()))
+    # no -h of its own: `bench NAME --help` reaches that benchmark's parser, which lists its options
+    bench = commands.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES), add_help=False)
+    bench.add_argument(
+        "name", nargs="?", choices=sorted(BENCHES), help="; ".join(f"{k}: {v}" for k, v in BENCHES.items())
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
+        if args.name is None:  # `bench` or `bench --help`: which benchmarks there are
+            bench.print_help()
+            return 0 if {"-h", "--help"} & set(rest) else 2
         return importlib.import_module(f".bench.{args.name}", __package__).main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

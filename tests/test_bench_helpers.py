@@ -55,3 +55,16 @@ def test_step_split_counts_every_linear_of_a_step():
     assert linear_flops(model, rows=10) == 2 * 10 * per_token + 2 * 32 * 64
     assert attention_flops(config, 3) == 2 * 2 * 2 * 4 * 8 * 6
     assert linear_seconds(model, rows=3, repeats=1) > 0
+
+
+def test_bench_help_reaches_the_named_benchmark(capsys):
+    """`bench NAME --help` lists that benchmark's own options, not the list of benchmarks."""
+    from solutions.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "throughput", "--help"])
+    assert exit_.value.code == 0
+    assert "--num-requests" in capsys.readouterr().out
+    assert main(["bench", "--help"]) == 0
+    assert "throughput" in capsys.readouterr().out
+    assert main(["bench"]) == 2, "`bench` without a name is a usage error"
