@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +59,37 @@ def test_bundled_gguf_loads_with_the_expected_shapes(tmp_path, monkeypatch):
     for name, tensor in first.state_dict.items():
         assert torch.equal(second.state_dict[name], tensor), name
     assert second.tokenizer.encode("Hello, world!") == first.tokenizer.encode("Hello, world!")
+
+
+CONVERT_AND_READ = """
+import hashlib
+from solutions.model import loader
+weights = loader.load_weights()
+digest = hashlib.sha1()
+for name in ("model.norm.weight", "model.layers.29.mlp.down_proj.weight"):
+    digest.update(weights.state_dict[name].numpy().tobytes())
+print(digest.hexdigest(), weights.tokenizer.encode("Hello, world!"))
+"""
+
+
+def test_two_processes_converting_at_once_both_get_the_same_weights(tmp_path):
+    """Test workers may convert the GGUF into one cache at the same moment: each writes its own partial files and
+    renames them into place, so neither reads a half-written file or loses its file to the other's rename."""
+    env = {**os.environ, "FASTMODE_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parents[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONVERT_AND_READ], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    results = [proc.communicate(timeout=300) for proc in procs]
+    for proc, (_, err) in zip(procs, results):
+        assert proc.returncode == 0, err.decode()[-2000:]
+    outputs = {out.decode().strip().splitlines()[-1] for out, _ in results}
+    assert len(outputs) == 1, f"the two processes read different weights or tokenizers: {outputs}"
+    assert not list(tmp_path.glob("*.partial")), "a partial file was left behind"
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1
 
 
 def test_missing_bundled_model_says_how_to_install(monkeypatch):
