@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..model.config import ModelConfig
+from ..model.cpu_linear import use_fastest_linears
 from ..model.llama import Attend, DecoderLayer, LlamaModel
 from .tree import masked_attention
 
@@ -193,7 +194,8 @@ def save_head(head: EagleHead, path: str | Path, metadata: dict[str, str]) -> st
 
 
 def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
-    """Load a saved head onto ``target`` (in the target's device and dtype) and attach it.
+    """Load a saved head onto ``target`` (in the target's device and dtype) and attach it, for inference: on a
+    CPU its linears run the paths measured fastest there (``model.cpu_linear``). To train, make a fresh ``EagleHead``.
 
     Raises FileNotFoundError if there is no file, ValueError if the head does not fit the model.
     """
@@ -216,4 +218,7 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
     if set(missing) != {"draft_vocab"} or unexpected:
         raise ValueError(f"the EAGLE head at {path} does not fit: missing {missing}, unexpected {unexpected}")
-    return head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    if device.type == "cpu":  # inference only: fc and the layer's linears take the paths measured fastest here
+        use_fastest_linears(head)
+    return head
