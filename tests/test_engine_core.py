@@ -60,7 +60,9 @@ def test_chunked_prefill_equals_one_shot_prefill(load, sp, llm):
     prompt = "Chunked prefill computes a long prompt a few tokens at a time, across several steps."
     chunked = make_llm(load, max_model_len=256, max_num_batched_tokens=7, enable_prefix_caching=False)
     params = sp(temperature=0, max_tokens=12, ignore_eos=True)
-    assert chunked.generate(prompt, params)[0].outputs[0].token_ids == llm.generate(prompt, params)[0].outputs[0].token_ids
+    assert (
+        chunked.generate(prompt, params)[0].outputs[0].token_ids == llm.generate(prompt, params)[0].outputs[0].token_ids
+    )
     ids = llm.tokenizer.encode(prompt)
     expected = llm.engine.model.sequence_logits(torch.tensor(ids))[-1]
     engine = chunked.engine

@@ -276,4 +276,3 @@ def test_gpu_benchmark_code_runs_through_the_interpreter(load):
     )
     assert figures["bytes"] == (2 * 2 * 21 * 64 + 2 * 2 * 3 * 64) * 2 and figures["gbps"] > 0
     assert figures["rel_err"] < TOLERANCE[torch.bfloat16], "the benchmarked kernel disagrees with the reference"
-

@@ -141,7 +141,9 @@ def test_preempted_request_goes_back_to_the_front_of_the_queue(make):
     scheduler.add(c)
     assert scheduler.waiting[0] is b, "a preempted request is recomputed before requests that arrived later"
     assert b.num_computed == 0, "a preempted request is recomputed from scratch (or from the prefix cache)"
-    assert scheduler.kv.num_used_blocks == len(scheduler.kv.block_table(a.request_id)), "preemption frees all its blocks"
+    assert scheduler.kv.num_used_blocks == len(scheduler.kv.block_table(a.request_id)), (
+        "preemption frees all its blocks"
+    )
 
 
 @pytest.mark.parametrize("seed", range(8), ids=lambda s: f"seed{s}")

@@ -43,4 +43,3 @@ def gqa_attention(
     Softmax runs in float32; the result has q's dtype and shape.
     """
     raise NotImplementedError('Lab 0: softmax(q k^T * scale + mask) v, where query head h reads K/V head h // (Hq // Hkv) (hints: make hint LAB=0)')
-

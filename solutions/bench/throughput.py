@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     flops, ceiling = compute_ceiling_tokens_per_s(llm.engine.model)
     ours = results[0]
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights")
-    print(f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} tokens/s")
+    print(
+        f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} tokens/s"
+    )
     print(f"{'':<36}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}")
     for r in results:
         ratio = ours.output_tokens_per_s / r.output_tokens_per_s

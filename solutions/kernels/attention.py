@@ -64,4 +64,3 @@ def gqa_attention(
     probs = torch.softmax(scores, dim=-1).to(v.dtype).view(batch, kv_heads, group * q_len, k_len)
     return (probs @ v).view(batch, q_heads, q_len, head_dim)
     # END SOLUTION
-
