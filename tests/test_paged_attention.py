@@ -62,12 +62,14 @@ def paged_batch(
     dtype: torch.dtype = torch.float32,
     device: str = DEVICE,
     stale: float = float("nan"),
+    consecutive: bool = False,
 ) -> PagedBatch:
     """Random queries and caches for sequences of ``seq_lens`` tokens whose last ``q_lens`` are queries; cache
-    rows that hold no token are ``stale``."""
+    rows that hold no token are ``stale``. Blocks are handed out in random order, or in order (``consecutive``,
+    as a fresh engine's allocator does)."""
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3  # the null block 0 and two never handed out
-    physical = (torch.randperm(num_blocks - 1) + 1).tolist()
+    physical = list(range(1, num_blocks)) if consecutive else (torch.randperm(num_blocks - 1) + 1).tolist()
     block_table = torch.zeros(len(seq_lens), max(blocks_per_seq) + 1, dtype=torch.int32)
     k_cache, v_cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), stale, dtype=dtype)
     for b, (n, n_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
@@ -177,6 +179,16 @@ def test_torch_path_matches_reference(load, seq_lens, q_lens, dtype):
     batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, dtype=dtype, stale=1e4)
     out = torch_path.paged_attention_torch(*batch.args(), **batch.lengths())
     check_against_reference(out, batch, dtype)
+
+
+@pytest.mark.parametrize("seq_lens, q_lens", [([70], [1]), ([45], [45]), ([67], [19]), ([33, 70], [1, 1])])
+def test_torch_path_reads_consecutive_blocks_in_place(load, seq_lens, q_lens):
+    """A lone sequence whose blocks are consecutive in the cache is read as a view, not gathered: one decode, a
+    whole prompt, a prompt's later chunk (and two decodes, which are gathered), against the reference."""
+    torch_path = load("kernels.paged_torch")
+    batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, stale=1e4, consecutive=True)
+    out = torch_path.paged_attention_torch(*batch.args(), **batch.lengths())
+    check_against_reference(out, batch, torch.float32)
 
 
 def test_decode_and_prefill_kernels_agree_on_decodes(pa):

@@ -116,7 +116,9 @@ class TorchPagedStep:
     used at all: the decode's keys are cut to its length, the prompt runs ``is_causal``.
 
     The gathers write into buffers made by the first layer and reused by every later one: a fresh multi-megabyte
-    tensor per layer costs the allocator's page faults as well as the copy (measured 2-3x slower on CPU).
+    tensor per layer costs the allocator's page faults as well as the copy (measured 2-3x slower on CPU). A lone
+    sequence whose blocks are consecutive in the cache (a fresh engine's common case at batch 1) is not gathered
+    at all: its context is a view of the cache.
     """
 
     def __init__(
@@ -140,9 +142,11 @@ class TorchPagedStep:
         self.prefill_table = self.prefill_mask = self.token = self.token_valid = self.valid = None
         self.causal_len = None
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # group -> gathered K, V (reused)
+        self.prefill_first_block = None
         if num_single < len(q_lens):
             rows = slice(num_single, len(q_lens))
             self.prefill_table = table[rows]
+            self.prefill_first_block = _first_of_run(self.prefill_table)
             lens = torch.tensor(q_lens[num_single:], device=device)
             starts = query_start_loc[num_single:-1].long()
             if len(q_lens) - num_single == 1 and q_lens[-1] == int(seq_lens[-1]):  # one prompt from its start
@@ -169,7 +173,7 @@ class TorchPagedStep:
         out = torch.empty_like(q)
         if self.num_single:
             out[: self.num_single] = self._decode(q[: self.num_single], k_cache, v_cache, sm_scale)
-        keys, values = self._gather(-1, k_cache, v_cache, self.prefill_table)
+        keys, values = self._context(-1, k_cache, v_cache, self.prefill_table, self.prefill_first_block)
         if self.causal_len is not None:
             qs = q[self.token].transpose(0, 1)[None]  # [1, Hq, L, D]
             keys, values = keys[:, :, : self.causal_len], values[:, :, : self.causal_len]
@@ -200,7 +204,8 @@ class TorchPagedStep:
                 member_lens = torch.tensor([lens[m] for m in members] if rows is not None else lens)
                 visible = torch.arange(longest)[None, :] < member_lens[:, None]
                 mask = _additive(visible.to(table.device), dtype)[:, None, None, :]
-            buckets.append(DecodeBucket(rows, bucket_table[:, : -(-longest // block_size)], longest, mask))
+            bucket_table = bucket_table[:, : -(-longest // block_size)]
+            buckets.append(DecodeBucket(rows, bucket_table, longest, mask, _first_of_run(bucket_table)))
         return buckets
 
     def _decode(self, q, k_cache, v_cache, sm_scale):
@@ -215,12 +220,18 @@ class TorchPagedStep:
 
     def _decode_bucket(self, i, q, k_cache, v_cache, sm_scale):
         bucket = self.decode_buckets[i]
-        keys, values = self._gather(i, k_cache, v_cache, bucket.table)
+        keys, values = self._context(i, k_cache, v_cache, bucket.table, bucket.first_block)
         keys, values = keys[:, :, : bucket.length], values[:, :, : bucket.length]
         return _sdpa(q.unsqueeze(2), keys, values, bucket.mask, sm_scale).squeeze(2)
 
-    def _gather(self, group, k_cache, v_cache, table):
-        """``_gather`` into this step's buffers for ``group`` (a decode bucket's index, or -1 for the prefills)."""
+    def _context(self, group, k_cache, v_cache, table, first_block):
+        """K, V ``[B, Hkv, L, D]`` of ``table``'s blocks: a view of the cache when ``first_block`` says they are one
+        consecutive run of a single sequence, else gathered into this step's buffers for ``group`` (a decode
+        bucket's index, or -1 for the prefills)."""
+        if first_block is not None:
+            run = slice(first_block, first_block + table.shape[1])
+            keys, values = (cache[run].reshape(1, -1, *cache.shape[2:]).transpose(1, 2) for cache in (k_cache, v_cache))
+            return keys, values
         buffers = self._buffers.get(group)
         if buffers is None or buffers[0].dtype != k_cache.dtype or buffers[0].device != k_cache.device:
             shape = (table.numel(), k_cache[0].numel())
@@ -232,12 +243,24 @@ class TorchPagedStep:
 class DecodeBucket:
     """Decodes attended together: ``rows`` of the step's decode queries (None: all of them, in order), their
     block ``table`` ``[b, blocks]`` (int64), the longest context ``length``, and the additive ``mask``
-    ``[b, 1, 1, length]`` hiding each shorter context's padding (None when every context has that length)."""
+    ``[b, 1, 1, length]`` hiding each shorter context's padding (None when every context has that length), and
+    ``first_block`` when the bucket is one sequence whose blocks are consecutive (read as a view, not gathered)."""
 
     rows: torch.Tensor | None
     table: torch.Tensor
     length: int
     mask: torch.Tensor | None
+    first_block: int | None = None
+
+
+def _first_of_run(table: torch.Tensor) -> int | None:
+    """The first block of a one-row ``table`` whose blocks are consecutive (``b, b + 1, ...``); None otherwise."""
+    if table.shape[0] != 1:
+        return None
+    blocks = table[0]
+    if blocks.numel() > 1 and not bool((blocks[1:] - blocks[:-1] == 1).all()):
+        return None
+    return int(blocks[0])
 
 
 def _gather(k_cache, v_cache, table, out):
