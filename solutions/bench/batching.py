@@ -28,9 +28,12 @@ class BatchSpeed:
 def measure_batch_speed(
     llm, batch_size: int, new_tokens: int = 32, prompt: str = "Write a short poem about"
 ) -> BatchSpeed:
-    """Generate ``new_tokens`` greedy tokens for ``batch_size`` copies of a prompt in one batch."""
+    """Generate ``new_tokens`` greedy tokens for ``batch_size`` copies of a prompt in one batch, after a short
+    warm-up batch of the same shape: the first call at a new number of rows pays one-time costs (on CPU each
+    linear makes its weight layout for that many rows on first use), which are not the engine's speed."""
     if batch_size < 1 or batch_size > llm.engine.config.max_num_seqs:
         raise ValueError(f"batch_size must be in [1, max_num_seqs={llm.engine.config.max_num_seqs}], got {batch_size}")
+    llm.generate([prompt] * batch_size, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
     outputs = llm.generate([prompt] * batch_size, params)
