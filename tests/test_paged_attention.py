@@ -288,3 +288,20 @@ def test_gpu_benchmark_code_runs_through_the_interpreter(load):
     )
     assert figures["bytes"] == (2 * 2 * 21 * 64 + 2 * 2 * 3 * 64) * 2 and figures["gbps"] > 0
     assert figures["rel_err"] < TOLERANCE[torch.bfloat16], "the benchmarked kernel disagrees with the reference"
+
+
+def test_cpu_step_attention_checks_slots_once_per_step():
+    """The engine's CPU ``PagedAttention`` checks the step's slots when it is built, with the same message."""
+    from solutions.cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
+
+    cache = PagedKVCache(1, 2, 16, 1, 32, torch.float32, "cpu")
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([31, 32]),
+        block_table=torch.tensor([[1, 2]], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([18], dtype=torch.int32),
+        max_query_len=2,
+        max_seq_len=18,
+    )
+    with pytest.raises(ValueError, match="slot 32 is past the cache's last row"):
+        PagedAttention(cache, meta, backend="torch")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention_backend import resolve_backend
-from ..kernels.paged_torch import TorchPagedStep, kept_slots, write_slots
+from ..kernels.paged_torch import TorchPagedStep, check_slots_fit, kept_slots, write_slots
 
 
 class PagedKVCache:
@@ -88,11 +88,8 @@ class PagedAttention:
 
             self._attention, self._store = paged_attention, store_kv
             return
-        slots = meta.slot_mapping
-        num_slots = cache.num_blocks * cache.block_size
-        if slots.numel() and int(slots.max()) >= num_slots:
-            raise ValueError(f"slot {int(slots.max())} is past the cache's last row ({num_slots - 1})")
-        self._with_slot, self._slots = kept_slots(slots)
+        check_slots_fit(meta.slot_mapping, cache.num_blocks * cache.block_size)
+        self._with_slot, self._slots = kept_slots(meta.slot_mapping)
         self._step = TorchPagedStep(
             meta.block_table, meta.query_start_loc, meta.seq_lens, cache.block_size, meta.max_seq_len, cache.k.dtype
         )

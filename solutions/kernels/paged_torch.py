@@ -41,10 +41,14 @@ def check_store_kv_inputs(
         )
     if len({t.device for t in (k, v, k_cache, v_cache, slot_mapping)}) != 1:
         raise ValueError("k, v, k_cache, v_cache and slot_mapping must be on one device")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        rows = k_cache.shape[0] * k_cache.shape[1]
-        if int(slot_mapping.max()) >= rows:
-            raise ValueError(f"slot {int(slot_mapping.max())} is past the cache's last row ({rows - 1})")
+    if slot_mapping.device.type == "cpu":
+        check_slots_fit(slot_mapping, k_cache.shape[0] * k_cache.shape[1])
+
+
+def check_slots_fit(slot_mapping: torch.Tensor, num_slots: int) -> None:
+    """Raise a ValueError naming the slot if one is past the cache's last row (reads the values: CPU tensors)."""
+    if slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(f"slot {int(slot_mapping.max())} is past the cache's last row ({num_slots - 1})")
 
 
 def store_kv_torch(
@@ -136,8 +140,6 @@ class TorchPagedStep:
         self.num_seqs = len(q_lens)
         table = block_table[:, : self.num_blocks].long()
         device = block_table.device
-        length = self.num_blocks * block_size
-        key_pos = torch.arange(length, device=device)
         self.decode_buckets = self._decode_buckets(table, seq_lens[:num_single].tolist(), block_size, dtype)
         self.prefill_table = self.prefill_mask = self.token = self.token_valid = self.valid = None
         self.causal_len = None
@@ -160,6 +162,7 @@ class TorchPagedStep:
             self.token_valid = self.token[self.valid]
             # Query j of sequence i is at absolute position seq_len - q_len + j and sees keys up to it.
             position = (seq_lens[rows, None] - lens[:, None] + local[None, :]).clamp(min=0)
+            key_pos = torch.arange(self.num_blocks * block_size, device=device)
             in_context = key_pos[None, :] < seq_lens[rows, None]
             visible = in_context[:, None, :] & (key_pos[None, None, :] <= position[:, :, None])
             self.prefill_mask = _additive(visible, dtype)[:, None]
@@ -233,7 +236,7 @@ class TorchPagedStep:
             keys, values = (cache[run].reshape(1, -1, *cache.shape[2:]).transpose(1, 2) for cache in (k_cache, v_cache))
             return keys, values
         buffers = self._buffers.get(group)
-        if buffers is None or buffers[0].dtype != k_cache.dtype or buffers[0].device != k_cache.device:
+        if buffers is None:  # the first layer's call: every layer's cache has the same shape, dtype and device
             shape = (table.numel(), k_cache[0].numel())
             buffers = self._buffers[group] = tuple(k_cache.new_empty(shape) for _ in range(2))
         return _gather(k_cache, v_cache, table, buffers)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.paged_torch import kept_slots, write_slots
+
 
 @dataclass
 class DraftTree:
@@ -209,15 +211,13 @@ class TreeAttention:
         self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
     ):
         self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
-        slots = paged.meta.slot_mapping
+        with_slot, self.slots = kept_slots(paged.meta.slot_mapping)
         # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
-        self.store_only = sum(rows.stop - rows.start for rows, _, _ in trees) == len(slots) and bool((slots >= 0).all())
+        self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(self.slots)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.store_only:
-            slots = self.paged.meta.slot_mapping
-            for cache, new in ((self.k_cache[layer], k), (self.v_cache[layer], v)):
-                cache.view(-1, *new.shape[1:]).index_copy_(0, slots, new.to(cache.dtype))
+            write_slots(k, v, self.k_cache[layer], self.v_cache[layer], self.slots)
             out = torch.empty_like(q)
         else:
             out = self.paged(layer, q, k, v)
