@@ -1,7 +1,9 @@
 """Train the EAGLE draft head by self-distillation: ``python -m solutions.spec.train_eagle``.
 
-1. The target answers every prompt of ``data/spec/prompts.jsonl`` (chat, code, prose; written for this
-   repo) greedily with our own engine; the token ids go to ``data/spec/responses.jsonl``.
+1. The target answers every prompt of ``data/spec/prompts.jsonl`` and ``prompts_templated.jsonl`` (chat, code,
+   prose; written for this repo) with our own engine: once greedily, and ``--samples`` more times at
+   ``--temperature`` (seeded), for contexts the greedy answers never reach; the token ids go to
+   ``data/spec/responses.jsonl``.
 2. One pass of the target over each whole sequence gives its features ``f_i`` (final-norm hidden states)
    and its greedy choice at every position.
 3. The head learns EAGLE's loss on the pairs ``(f_i, token_{i+1})``: SmoothL1 regression of ``f_{i+1}``
@@ -26,7 +28,6 @@ from tqdm import tqdm
 
 from ..model.llama import LlamaModel
 from .eagle import DATA_DIR, DraftKV, EagleHead, most_frequent_tokens, save_head, target_features
-from .tree import masked_attention
 
 
 def read_prompts(path: Path) -> list[dict]:
@@ -37,15 +38,27 @@ def read_prompts(path: Path) -> list[dict]:
     return rows
 
 
-def generate_responses(llm, prompts: list[dict], max_tokens: int) -> list[dict]:
-    """The target's greedy answers; each row gains ``token_ids`` (prompt + answer) and ``prompt_len``."""
+def generate_responses(
+    llm, prompts: list[dict], max_tokens: int, samples: int = 0, temperature: float = 0.8, seed: int = 0
+) -> list[dict]:
+    """The target's greedy answer to every prompt, then ``samples`` sampled ones each (prompt ``i``'s seeded
+    ``seed + 1000 * i``); each row gains ``token_ids`` (prompt + answer), ``prompt_len`` and ``temperature``."""
     from ..engine.sampling_params import SamplingParams
 
     texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}]) for r in prompts]
-    outputs = llm.generate(texts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    runs = [(0, llm.generate(texts, greedy))]
+    if samples:
+        sampled = [
+            SamplingParams(n=samples, temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=seed + 1000 * i)
+            for i in range(len(texts))
+        ]
+        runs.append((temperature, llm.generate(texts, sampled)))
     return [
-        {**row, "prompt_len": len(out.prompt_token_ids), "token_ids": out.prompt_token_ids + out.outputs[0].token_ids}
+        {**row, "temperature": t, "prompt_len": len(out.prompt_token_ids), "token_ids": out.prompt_token_ids + c.token_ids}
+        for t, outputs in runs
         for row, out in zip(prompts, outputs)
+        for c in out.outputs
     ]
 
 
@@ -53,10 +66,15 @@ def generate_responses(llm, prompts: list[dict], max_tokens: int) -> list[dict]:
 def features_and_labels(model: LlamaModel, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's features ``[L, H]`` and greedy next-token choices ``[L]`` over one whole sequence."""
     ids = torch.tensor(token_ids)
-    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
-    hidden = model(ids, torch.arange(len(ids)), lambda layer, q, k, v: masked_attention(q, k, v, causal))
+    hidden = model(ids, torch.arange(len(ids)), _causal_attention)
     features = target_features(model, hidden)
     return features, model.lm_head(features).argmax(-1)
+
+
+def _causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One whole sequence's causal attention, q ``[L, Hq, D]``, k/v ``[L, Hkv, D]``, by torch's fused kernel."""
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
 
 
 def head_loss(
@@ -129,7 +147,11 @@ def _machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions.spec.train_eagle", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=Path, default=DATA_DIR / "prompts.jsonl")
+    parser.add_argument(
+        "--prompts", type=Path, nargs="+", default=[DATA_DIR / "prompts.jsonl", DATA_DIR / "prompts_templated.jsonl"]
+    )
+    parser.add_argument("--samples", type=int, default=1, help="sampled answers per prompt, besides the greedy one")
+    parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled answers (top-p 0.95)")
     parser.add_argument("--heldout", type=Path, default=DATA_DIR / "heldout.jsonl")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "eagle_head.safetensors")
     parser.add_argument("--max-tokens", type=int, default=192, help="answer length per prompt")
@@ -165,16 +187,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..llm import LLM
 
-    llm = LLM(device="cpu", dtype="float32", max_num_seqs=16, max_model_len=1024)
+    llm = LLM(device="cpu", dtype="float32", max_num_seqs=32, max_model_len=1024)
     model = llm.engine.model
     responses_path = args.out.parent / "responses.jsonl"
     heldout_path = args.out.parent / "heldout_responses.jsonl"
     if args.reuse_responses:
         train_rows = [json.loads(line) for line in responses_path.read_text().splitlines()]
     else:
-        prompts = read_prompts(args.prompts)
-        print(f"generating answers to {len(prompts)} prompts ({args.max_tokens} tokens max, greedy)")
-        train_rows = generate_responses(llm, prompts, args.max_tokens)
+        prompts = [row for path in args.prompts for row in read_prompts(path)]
+        print(f"generating {1 + args.samples} answers to each of {len(prompts)} prompts ({args.max_tokens} tokens max)")
+        train_rows = generate_responses(llm, prompts, args.max_tokens, args.samples, args.temperature, args.seed)
         responses_path.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     if args.reuse_responses and heldout_path.exists():
         heldout_rows = [json.loads(line) for line in heldout_path.read_text().splitlines()]
@@ -243,11 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         "file": args.out.name,
         "sha256": digest,
         "data": (
-            f"{len(train_rows)} prompts of {args.prompts.name} (chat, code, prose; written for this repo) answered "
-            f"greedily by the bundled SmolLM2-135M-Instruct (float32, our engine, <= {args.max_tokens} tokens); "
-            f"{sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in responses.jsonl"
+            f"{len({r['prompt'] for r in train_rows})} prompts of {', '.join(p.name for p in args.prompts)} (chat, "
+            f"code, prose; written for this repo) answered by the bundled SmolLM2-135M-Instruct (float32, our "
+            f"engine, <= {args.max_tokens} tokens), greedily and {args.samples}x at temperature {args.temperature}: "
+            f"{len(train_rows)} answers, {sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in "
+            "responses.jsonl"
         ),
-        "settings": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {
+            k: (_relative(v) if isinstance(v, Path) else [_relative(p) for p in v] if k == "prompts" else v)
+            for k, v in vars(args).items()
+        },
         "heldout_answer_top1": round(heldout_top1, 4),
         "generation_seconds": round(generated_s, 1),
         "total_seconds": round(elapsed, 1),
