@@ -263,3 +263,21 @@ def test_lab4_exercises_are_holes_in_labs():
         rejection.verify(torch.zeros(1, 1, dtype=torch.long), torch.full((1, 2, 4), 0.25))
     with pytest.raises(NotImplementedError, match="Lab 4"):
         tree.tree_attention_mask([-1, 0])
+
+
+def test_training_prompts_are_the_tools_and_never_held_back():
+    """``data/spec/prompts_templated.jsonl`` is what ``tools/make_spec_prompts.py`` writes, and no training
+    prompt is a held-back one (``bench spec`` and the notebook measure acceptance on those)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    check = subprocess.run([sys.executable, "tools/make_spec_prompts.py", "--check"], cwd=root, capture_output=True)
+    assert check.returncode == 0, check.stdout.decode()
+    spec = root / "data" / "spec"
+    read = lambda name: [json.loads(line)["prompt"] for line in (spec / name).read_text().splitlines() if line]
+    train = read("prompts.jsonl") + read("prompts_templated.jsonl")
+    assert len(train) == len(set(train)), "a training prompt appears twice"
+    assert not set(train) & set(read("heldout.jsonl")), "a held-back prompt is in the training set"

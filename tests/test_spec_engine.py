@@ -134,3 +134,15 @@ def test_a_head_that_does_not_fit_fails_clearly(load, tmp_path):
     eagle.save_head(eagle.EagleHead(small, torch.arange(10)), path, {})
     with pytest.raises(ValueError, match="does not fit the model"):
         load("llm").LLM(**ENGINE, speculative="eagle", eagle_head=str(path))
+
+
+def test_eagle_drafts_for_an_awq_target(load, chats):
+    """A quantized target keeps its LM head packed: the head reads it dequantized, and greedy output is still the
+    plain (AWQ) engine's, token for token."""
+    LLM = load("llm").LLM
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=24)
+    awq = dict(ENGINE, quantization="awq")
+    plain = [o.outputs[0].token_ids for o in LLM(**awq).generate(chats[:2], params)]
+    spec = LLM(**awq, **METHODS["eagle-tree"]).generate(chats[:2], params)
+    assert [o.outputs[0].token_ids for o in spec] == plain
+    assert max(o.metrics.mean_acceptance_length for o in spec) > 1.0, "the head accepted no draft on the AWQ target"

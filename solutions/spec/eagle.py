@@ -75,8 +75,12 @@ class EagleHead(nn.Module):
                 f"the EAGLE head does not fit the model: its draft vocabulary holds token id "
                 f"{int(self.draft_vocab.max())}, the model's vocabulary has {config.vocab_size}"
             )
-        self.embed_weight = target.embed_tokens.weight.detach()
-        self.lm_head_weight = target.lm_head.weight.detach()
+        # A quantized target (Lesson 6) keeps its LM head packed: the head reads it dequantized, once, and a
+        # tied embedding that reads the same packed table shares that copy.
+        lm_head, embed = target.lm_head, target.embed_tokens
+        self.lm_head_weight = (lm_head.dequantize() if hasattr(lm_head, "dequantize") else lm_head.weight).detach()
+        tied = getattr(embed, "table", None) is lm_head
+        self.embed_weight = self.lm_head_weight if tied else embed.weight.detach()
         self.rope_cos, self.rope_sin = target.rope_cos, target.rope_sin
         self.use_vocab(len(self.draft_vocab))
         return self
@@ -219,6 +223,8 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     if set(missing) != {"draft_vocab"} or unexpected:
         raise ValueError(f"the EAGLE head at {path} does not fit: missing {missing}, unexpected {unexpected}")
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    if "draft_vocab_size" in meta:  # the vocabulary it was trained to draft over (the file ranks more tokens)
+        head.use_vocab(min(int(meta["draft_vocab_size"]), len(head.draft_vocab)))
     if device.type == "cpu":  # inference only: fc and the layer's linears take the paths measured fastest here
         use_fastest_linears(head)
     return head
