@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels.paged_torch import kept_slots, write_slots
 
@@ -202,18 +203,33 @@ class TreeAttention:
 
     The paged call writes every token's K/V into its slot and attends bottom-right causally, which is
     wrong for tree rows; each tree's rows are then recomputed over its context's cached K/V plus the
-    tree's own, under the tree mask (a step of trees alone only stores its K/V before that). ``trees``: ``(rows, context_slots, mask)`` per tree request, with
-    ``rows`` its slice of the step's flat batch, ``context_slots`` the cache rows of positions before the
-    root, ``mask`` its ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
+    tree's own (by then in the cache too), under the tree mask (a step of trees alone only stores its K/V
+    before that). ``trees``: ``(rows, context_slots, mask)`` per tree request, with ``rows`` its slice of the
+    step's flat batch, ``context_slots`` the cache rows of positions before the root, ``mask`` its
+    ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
+
+    Per step, each tree's cache rows (context, then its nodes) and its additive mask are made once; per layer,
+    its keys are a view of the cache when those rows are consecutive (a lone sequence in a fresh cache), else
+    one ``index_select``, and torch's fused attention applies the mask.
     """
 
     def __init__(
         self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
     ):
-        self.paged, self.k_cache, self.v_cache, self.trees = paged, k_cache, v_cache, trees
-        with_slot, self.slots = kept_slots(paged.meta.slot_mapping)
+        self.paged, self.k_cache, self.v_cache = paged, k_cache, v_cache
+        slot_mapping = paged.meta.slot_mapping
+        with_slot, self.slots = kept_slots(slot_mapping)
         # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
         self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(self.slots)
+        self.trees = []
+        for rows, context_slots, mask in trees:
+            slots = torch.cat([context_slots.long(), slot_mapping[rows].long()])
+            visible = torch.cat([torch.ones(mask.shape[0], len(context_slots), dtype=torch.bool), mask], dim=1)
+            additive = torch.zeros(visible.shape, dtype=k_cache.dtype).masked_fill_(~visible, float("-inf"))
+            first = None
+            if slots.device.type == "cpu" and bool((slots == slots[0] + torch.arange(len(slots))).all()):
+                first = int(slots[0])
+            self.trees.append((rows, slots, first, additive.to(slots.device)))
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.store_only:
@@ -221,12 +237,18 @@ class TreeAttention:
             out = torch.empty_like(q)
         else:
             out = self.paged(layer, q, k, v)
-        for rows, context_slots, mask in self.trees:
-            cached_k = self.k_cache[layer].view(-1, *k.shape[1:])[context_slots]
-            cached_v = self.v_cache[layer].view(-1, *v.shape[1:])[context_slots]
-            n = mask.shape[0]
-            visible = torch.cat([torch.ones(n, len(context_slots), dtype=torch.bool), mask], dim=1)
-            out[rows] = masked_attention(
-                q[rows], torch.cat([cached_k, k[rows]]), torch.cat([cached_v, v[rows]]), visible
-            ).to(out.dtype)
+        flat_k, flat_v = (cache[layer].view(-1, *k.shape[1:]) for cache in (self.k_cache, self.v_cache))
+        for rows, slots, first, mask in self.trees:
+            if first is not None:
+                keys, values = flat_k[first : first + len(slots)], flat_v[first : first + len(slots)]
+            else:
+                keys, values = flat_k.index_select(0, slots), flat_v.index_select(0, slots)
+            attended = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None],
+                keys.transpose(0, 1)[None],
+                values.transpose(0, 1)[None],
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+            out[rows] = attended[0].transpose(0, 1).to(out.dtype)
         return out
