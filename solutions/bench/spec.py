@@ -3,7 +3,9 @@
 Every method decodes the same held-back prompts (``data/spec/heldout.jsonl``: the EAGLE head never trained
 on them), interleaved prompt by prompt so that a noisy shared machine slows all methods alike. Greedy
 outputs must match plain decoding token for token; the table gives tokens/s, the speed-up over plain and
-τ (tokens per target pass), with the goals beside them.
+τ (tokens per target pass), with the goals beside them. Two more rows run the AWQ INT4 engine (Lesson 6),
+plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when ``llama_cpp`` is installed
+(an optional peer: its outputs come from other weights, so they are timed, not compared).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-GOALS = {"tau_tree": 3.0, "speedup": 2.0}
+GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 
 
 def _machine() -> str:
@@ -25,13 +27,26 @@ def _machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads"
 
 
-def _llama_cpp_line() -> str:
-    """The AWQ-vs-llama.cpp goal needs the llama_cpp package on this machine; say so when it is absent."""
-    import importlib.util
+def _llama_cpp_generate():
+    """llama.cpp's greedy decode of ``n`` tokens after a prompt's ids (EOS ignored), or None if not importable."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from ..model.loader import bundled_model_path
 
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama.cpp comparison (goal: AWQ batch-1 >= 1.5x llama.cpp Q4_1): not run, llama_cpp is not installed"
-    return "llama.cpp comparison (goal: AWQ batch-1 >= 1.5x llama.cpp Q4_1): llama_cpp is installed but not wired here"
+    llama = Llama(str(bundled_model_path()), n_threads=torch.get_num_threads(), n_ctx=1024, verbose=False)
+
+    def generate(prompt_ids: list[int], n: int) -> list[int]:
+        llama.reset()
+        out = []
+        for token in llama.generate(prompt_ids, temp=0.0):
+            out.append(token)
+            if len(out) == n:
+                return out
+        return out
+
+    return generate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,16 +80,21 @@ def main(argv: list[str] | None = None) -> int:
             speculative_tree_top_k=args.tree_top_k,
         ),
     }
+    tree = methods[f"EAGLE tree {args.tree_nodes}"]
+    methods |= {"plain, AWQ INT4": dict(quantization="awq"), "EAGLE tree, AWQ INT4": dict(quantization="awq", **tree)}
     engines = {
         name: LLM(device=args.device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=64 << 20, **opts)
         for name, opts in methods.items()
     }
+    llama_cpp = _llama_cpp_generate()
+    if llama_cpp is not None:
+        methods["llama.cpp Q4_1 (peer)"] = {}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     passes = dict.fromkeys(methods, 0)
     verified = dict.fromkeys(methods, 0)
-    mismatches = 0
+    differ: dict[str, int] = {}  # method -> prompts whose output is not its plain engine's
     print(f"{_machine()}: {len(rows)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
     for row in rows:
         outputs = {}
@@ -87,7 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             tokens[name] += len(out.outputs[0].token_ids)
             passes[name] += out.metrics.num_verify_passes
             verified[name] += out.metrics.num_verified_tokens
-        mismatches += sum(ids != outputs["plain"] for ids in outputs.values())
+        if llama_cpp is not None:
+            prompt_ids = engines["plain"].tokenizer.encode(prompt)
+            start = time.perf_counter()
+            tokens["llama.cpp Q4_1 (peer)"] += len(llama_cpp(prompt_ids, args.max_tokens))
+            seconds["llama.cpp Q4_1 (peer)"] += time.perf_counter() - start
+        for name, ids in outputs.items():
+            if ids != outputs["plain, AWQ INT4" if "AWQ" in name else "plain"]:
+                differ[name] = differ.get(name, 0) + 1
     plain_speed = tokens["plain"] / seconds["plain"]
     print(f"{'method':18s} | {'tokens/s':>8s} | {'speed-up':>8s} | {'tau':>5s}")
     for name in methods:
@@ -97,6 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
           f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
     print(f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, {args.tree_nodes} nodes kept")
-    print(_llama_cpp_line())
-    print("outputs identical to plain decoding" if not mismatches else f"{mismatches} outputs DIFFER from plain")
-    return 1 if mismatches else 0
+    goal = f"goal: AWQ batch-1 >= {GOALS['vs_llama_cpp']}x llama.cpp Q4_1"
+    if llama_cpp is None:
+        print(f"llama.cpp comparison ({goal}): not run, llama_cpp is not installed (pip install llama-cpp-python)")
+    else:
+        peer = tokens["llama.cpp Q4_1 (peer)"] / seconds["llama.cpp Q4_1 (peer)"]
+        best = max((name for name in methods if "AWQ" in name), key=lambda name: tokens[name] / seconds[name])
+        print(f"{best} vs llama.cpp Q4_1: {tokens[best] / seconds[best] / peer:.2f}x ({goal})")
+    if not differ:
+        print("outputs identical to plain decoding (AWQ rows: to plain AWQ)")
+    for name, count in differ.items():
+        print(f"{name}: {count} of {len(rows)} outputs DIFFER from its plain engine's")
+        if "AWQ" in name:  # expected: not a failure of the method, a property of reduced-precision kernels
+            print(
+                "  (bfloat16 activations: a verify pass computes each position among several rows, plain decoding "
+                "one row at a time; the rounding differs, so a near-tie can flip. The tests hold AWQ + EAGLE to "
+                "plain AWQ token for token with float32 activations.)"
+            )
+    return 1 if any("AWQ" not in name for name in differ) else 0
