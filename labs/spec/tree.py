@@ -237,7 +237,7 @@ class TreeAttention:
             else:
                 keys, values = flat_k.index_select(0, slots), flat_v.index_select(0, slots)
             attended = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None],
+                q[rows].to(keys.dtype).transpose(0, 1)[None],
                 keys.transpose(0, 1)[None],
                 values.transpose(0, 1)[None],
                 attn_mask=mask,

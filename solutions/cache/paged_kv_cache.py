@@ -111,4 +111,5 @@ class PagedAttention:
         if self._with_slot is not None:
             k, v = k[self._with_slot], v[self._with_slot]
         write_slots(k, v, k_cache, v_cache, self._slots)
-        return self._step.attend(q, k_cache, v_cache)
+        # A bfloat16 model on a CPU keeps a float32 cache (``Engine._allocate_kv_cache``): attend in its dtype.
+        return self._step.attend(q.to(k_cache.dtype), k_cache, v_cache).to(q.dtype)
