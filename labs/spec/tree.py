@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.paged_torch import kept_slots, write_slots
+from ..kernels.paged_torch import first_of_run, kept_slots, write_slots
 
 
 @dataclass
@@ -219,9 +219,7 @@ class TreeAttention:
             slots = torch.cat([context_slots.long(), slot_mapping[rows].long()])
             visible = torch.cat([torch.ones(mask.shape[0], len(context_slots), dtype=torch.bool), mask], dim=1)
             additive = torch.zeros(visible.shape, dtype=k_cache.dtype).masked_fill_(~visible, float("-inf"))
-            first = None
-            if slots.device.type == "cpu" and bool((slots == slots[0] + torch.arange(len(slots))).all()):
-                first = int(slots[0])
+            first = first_of_run(slots) if slots.device.type == "cpu" else None  # reading GPU values would sync
             self.trees.append((rows, slots, first, additive.to(slots.device)))
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

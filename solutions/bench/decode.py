@@ -48,24 +48,37 @@ def seconds_per_decode_token(run, new_tokens: int, repeats: int) -> list[float]:
     return figures
 
 
-def llama_cpp_runner(threads: int):
-    """A decode runner for llama.cpp on the bundled Q4_1 GGUF (an optional peer), or None if not importable."""
+def llama_cpp_generator(threads: int):
+    """llama.cpp on the bundled Q4_1 GGUF (an optional peer), or None if ``llama_cpp`` is not importable:
+    ``generate(prompt_ids, n)`` returns its first ``n`` greedy tokens after ``prompt_ids`` (EOS ignored)."""
     try:
         from llama_cpp import Llama
     except ImportError:
         return None
     from ..model.loader import bundled_model_path
 
-    llama = Llama(str(bundled_model_path()), n_threads=threads, n_ctx=512, verbose=False)
-    ids = llama.tokenize(PROMPT.encode())
+    llama = Llama(str(bundled_model_path()), n_threads=threads, n_ctx=1024, verbose=False)
 
-    def run(n: int) -> None:
+    def generate(prompt_ids: list[int], n: int) -> list[int]:
         llama.reset()
-        for i, _ in enumerate(llama.generate(ids, temp=0.0)):
-            if i + 1 >= n:
+        out = []
+        for token in llama.generate(prompt_ids, temp=0.0):
+            out.append(token)
+            if len(out) == n:
                 break
+        return out
 
-    return run
+    generate.tokenize = lambda text: llama.tokenize(text.encode())
+    return generate
+
+
+def llama_cpp_runner(threads: int):
+    """A decode runner (``run(n)``: n tokens after ``PROMPT``) for llama.cpp, or None if not importable."""
+    generate = llama_cpp_generator(threads)
+    if generate is None:
+        return None
+    ids = generate.tokenize(PROMPT)
+    return lambda n: generate(ids, n)
 
 
 LLAMA_CPP_MISSING = (

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from .decode import llama_cpp_generator
+
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 
 
@@ -25,28 +27,6 @@ def _machine() -> str:
         names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
     cpu = torch.cuda.get_device_name() if torch.cuda.is_available() else (names[0] if names else platform.machine())
     return f"{cpu}, {torch.get_num_threads()} threads"
-
-
-def _llama_cpp_generate():
-    """llama.cpp's greedy decode of ``n`` tokens after a prompt's ids (EOS ignored), or None if not importable."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    from ..model.loader import bundled_model_path
-
-    llama = Llama(str(bundled_model_path()), n_threads=torch.get_num_threads(), n_ctx=1024, verbose=False)
-
-    def generate(prompt_ids: list[int], n: int) -> list[int]:
-        llama.reset()
-        out = []
-        for token in llama.generate(prompt_ids, temp=0.0):
-            out.append(token)
-            if len(out) == n:
-                return out
-        return out
-
-    return generate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         name: LLM(device=args.device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=64 << 20, **opts)
         for name, opts in methods.items()
     }
-    llama_cpp = _llama_cpp_generate()
+    llama_cpp = llama_cpp_generator(torch.get_num_threads())
     if llama_cpp is not None:
         methods["llama.cpp Q4_1 (peer)"] = {}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -98,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{_machine()}: {len(rows)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
     for row in rows:
         outputs = {}
+        prompt = engines["plain"].tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}])
         for name, llm in engines.items():
-            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}])
             start = time.perf_counter()
             out = llm.generate(prompt, params)[0]
             seconds[name] += time.perf_counter() - start

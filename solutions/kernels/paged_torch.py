@@ -256,14 +256,17 @@ class DecodeBucket:
     first_block: int | None = None
 
 
+def first_of_run(ids: torch.Tensor) -> int | None:
+    """The first of ``ids`` (1-D, CPU) when they are consecutive (``i, i + 1, ...``): cache rows or blocks that can
+    be read as one view of the cache instead of gathered. None otherwise."""
+    if ids.numel() > 1 and not bool((ids[1:] - ids[:-1] == 1).all()):
+        return None
+    return int(ids[0])
+
+
 def _first_of_run(table: torch.Tensor) -> int | None:
-    """The first block of a one-row ``table`` whose blocks are consecutive (``b, b + 1, ...``); None otherwise."""
-    if table.shape[0] != 1:
-        return None
-    blocks = table[0]
-    if blocks.numel() > 1 and not bool((blocks[1:] - blocks[:-1] == 1).all()):
-        return None
-    return int(blocks[0])
+    """``first_of_run`` of a one-row block ``table`` (one sequence); None for several rows."""
+    return first_of_run(table[0]) if table.shape[0] == 1 else None
 
 
 def _gather(k_cache, v_cache, table, out):

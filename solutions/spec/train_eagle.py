@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.vocab_size > args.keep_vocab:
         parser.error("--vocab-size must not exceed --keep-vocab")
+    if args.samples < 0:
+        parser.error(f"--samples must be >= 0 (sampled answers per prompt besides the greedy one), got {args.samples}")
     torch.manual_seed(args.seed)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
