@@ -136,6 +136,52 @@ def test_top_k_top_p_filter(load):
     assert torch.isfinite(both).nonzero().tolist() == [[0, 0], [1, 1], [1, 4]]
 
 
+def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
+    """The filter ranks only each row's ``CANDIDATES`` largest logits unless a row's set reaches past them: a
+    flat row (its top-p set holds most of the vocabulary) and a peaked one must keep what sorting all gives."""
+    sampler = load("engine.sampler")
+    generator = torch.Generator().manual_seed(0)
+    vocab = 4 * sampler.CANDIDATES
+    flat = torch.randn(vocab, generator=generator) * 0.1
+    peaked = torch.randn(vocab, generator=generator) * 4
+    rows, top_k, top_p = torch.stack([flat, peaked, flat, peaked]), [0, 0, 100, 7], [0.9, 0.9, 1.0, 0.5]
+    filtered = sampler.filter_top_k_top_p(rows, top_k, top_p)
+    wide = sampler.filter_top_k_top_p(flat[None], [vocab - 5], [0.95])  # a top-k past the candidates
+    for row, k, p, out in zip([*rows, flat], [*top_k, vocab - 5], [*top_p, 0.95], [*filtered, wide[0]]):
+        order = torch.argsort(row, descending=True).tolist()[: k or vocab]
+        probs = torch.softmax(row[order].double(), dim=0).tolist()
+        kept, covered = [], 0.0
+        for token, prob in zip(order, probs):
+            if p < 1.0 and covered >= p:
+                break
+            kept.append(token)
+            covered += prob
+        assert sorted(torch.isfinite(out).nonzero().flatten().tolist()) == sorted(kept), (k, p)
+        assert torch.equal(out[kept], row[kept]), "kept logits pass through unchanged"
+    assert torch.isfinite(filtered[0]).sum() > sampler.CANDIDATES, "the flat row's set reaches past the candidates"
+
+
+def test_sample_draws_from_each_row_and_seeds_reproduce(load):
+    sampler = load("engine.sampler")
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0]])
+    draws = 20000
+    torch.manual_seed(0)
+    tokens = [sampler.sample(probs, [None, None]) for _ in range(draws)]
+    counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=4).double()
+    assert counts[1] == 0, "a token of probability 0 is never drawn"
+    assert {t[1] for t in tokens} == {2}, "a one-hot (greedy) row gives its argmax"
+    expected = probs[0].double() * draws
+    nonzero = expected > 0
+    chi2 = float(((counts[nonzero] - expected[nonzero]) ** 2 / expected[nonzero]).sum())
+    assert chi2 < 13.8, f"row 0's draws do not follow its probabilities (chi-square {chi2:.1f}, 2 dof, p < 0.001)"
+
+    def seeded() -> list[int]:
+        generator = torch.Generator().manual_seed(5)
+        return [sampler.sample(probs, [generator, None])[0] for _ in range(50)]
+
+    assert seeded() == seeded(), "a seeded row's draws depend on its generator only"
+
+
 def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):
     """The fixture engine runs 8 sequences at once: 11 prompts still all complete, each with its own answer."""
     params = sp(temperature=0, max_tokens=4, ignore_eos=True)
