@@ -281,3 +281,51 @@ def test_training_prompts_are_the_tools_and_never_held_back():
     train = read("prompts.jsonl") + read("prompts_templated.jsonl")
     assert len(train) == len(set(train)), "a training prompt appears twice"
     assert not set(train) & set(read("heldout.jsonl")), "a held-back prompt is in the training set"
+
+
+class _ScriptedDrafter:
+    """Drafts from a script that knows the answer: a chain of ``right`` true tokens then a wrong one, or a tree
+    whose true path hangs under a wrong sibling at each of ``right`` depths. Checks the features it is handed."""
+
+    def __init__(self, load, answer: list[int], right: int):
+        self.tree_mod, self.answer, self.right = load("spec.tree"), answer, right
+        self.known = 0
+
+    def observe(self, request_id, features, first_position):
+        assert first_position == self.known and features.shape[0] >= 1, "features arrive in order, none skipped"
+        self.known += features.shape[0]
+
+    def _upcoming(self, token_ids):
+        assert self.known == len(token_ids) - 1, "the drafter holds every feature before the newest token"
+        return self.answer[len(token_ids) : len(token_ids) + self.right]
+
+    def propose(self, request_ids, token_ids, limits, temperatures):
+        return [_Draft(self._upcoming(token_ids[0]) + [-1])]
+
+    def propose_tree(self, request_id, token_ids, num_nodes):
+        tokens, parents = [token_ids[-1]], [-1]
+        for token in self._upcoming(token_ids):
+            parent = len(tokens) - 1  # the root, then the true token added last
+            tokens += [-1, token]  # a wrong sibling first, then the true token
+            parents += [parent, parent]
+        return self.tree_mod.DraftTree(tokens, parents, [0.0] * len(tokens))
+
+    def free(self, request_id):
+        self.known = 0
+
+
+class _Draft:
+    def __init__(self, token_ids):
+        self.token_ids = token_ids
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 8])
+def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
+    acceptance = load("spec.acceptance")
+    answer, prompt_len = list(range(100, 112)), 4
+    features = torch.zeros(len(answer), 3)
+    drafter = _ScriptedDrafter(load, answer, right=2)
+    result = acceptance.teacher_forced_acceptance(drafter, [(answer, prompt_len, features)], tree_nodes)
+    # Positions 4..10 draft below the newest token; near the end fewer true tokens remain to match.
+    assert result.accepted == [2, 2, 2, 2, 2, 2, 1]
+    assert result.tau == pytest.approx(1 + 13 / 7) and result.at_least(2) == pytest.approx(6 / 7)

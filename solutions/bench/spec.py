@@ -6,6 +6,9 @@ outputs must match plain decoding token for token; the table gives tokens/s, the
 τ (tokens per target pass), with the goals beside them. Two more rows run the AWQ INT4 engine (Lesson 6),
 plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when ``llama_cpp`` is installed
 (an optional peer: its outputs come from other weights, so they are timed, not compared).
+
+``--offline`` instead scores EAGLE chains and trees of several sizes teacher-forced on the held-back greedy
+answers (``spec.acceptance``): the τ each could reach, and its drafting time, with no target pass per step.
 """
 
 from __future__ import annotations
@@ -43,11 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree-top-k", type=int, default=4, help="nodes expanded per depth")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="instead: teacher-forced tau of EAGLE chains and trees of several sizes on the held-back greedy answers",
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
-    rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (i % 4, i))][: args.prompts]  # mix the kinds
+    mixed = sorted(range(len(rows)), key=lambda i: (i % 4, i))[: args.prompts]  # mix the kinds
+    if args.offline:
+        return offline(mixed)
+    rows = [rows[i] for i in mixed]
     k = args.num_speculative_tokens
     methods = {
         "plain": {},
@@ -122,3 +133,40 @@ def main(argv: list[str] | None = None) -> int:
                 "plain AWQ token for token with float32 activations.)"
             )
     return 1 if any("AWQ" not in name for name in differ) else 0
+
+
+OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree nodes; 0 nodes: a chain)
+    "EAGLE chain k=1": (1, 1, 0),
+    "EAGLE chain k=3": (3, 1, 0),
+    "EAGLE chain k=5": (5, 1, 0),
+    "EAGLE tree 8 (4 deep, top-4)": (4, 4, 8),
+    "EAGLE tree 16 (5 deep, top-6)": (5, 6, 16),
+    "EAGLE tree 32 (6 deep, top-8)": (6, 8, 32),
+    "EAGLE tree 64 (8 deep, top-10)": (8, 10, 64),
+}
+
+
+def offline(indices: list[int]) -> int:
+    """Teacher-forced τ (``spec.acceptance``) of the shipped head on the held-back prompts' greedy answers:
+    what larger trees could give before any verify pass is paid for. float32, no target pass per step."""
+    from ..llm import LLM
+    from ..spec.acceptance import greedy_answers, teacher_forced_acceptance
+    from ..spec.drafter import EagleDrafter
+    from ..spec.eagle import DATA_DIR, load_head
+
+    lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()
+    model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
+    answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
+    head = load_head(model)
+    positions = sum(len(ids) - 1 - start for ids, start, _ in answers)
+    print(f"{_machine()}: teacher-forced on {len(answers)} held-back greedy answers, {positions} positions")
+    print(f"{'drafter':32s} | {'tau':>5s} | P(accepted >= 1, 2, 3, 4) | draft ms/step")
+    for name, (depth, top_k, nodes) in OFFLINE_DRAFTERS.items():
+        drafter = EagleDrafter(head, depth, tree_depth=depth if nodes else 0, tree_top_k=top_k)
+        result = teacher_forced_acceptance(drafter, answers, nodes)
+        shares = "  ".join(f"{result.at_least(d):.2f}" for d in range(1, 5))
+        print(f"{name:32s} | {result.tau:5.2f} | {shares:>25s} | {result.draft_seconds * 1e3:8.1f}")
+    print(
+        f"goal: tau >= {GOALS['tau_tree']} with trees (the engine's tau can differ where a verify pass breaks a near-tie)"
+    )
+    return 0
