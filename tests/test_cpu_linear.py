@@ -161,3 +161,14 @@ def test_decisions_taken_on_a_busy_machine_are_retaken_when_it_is_quiet(cache, m
     monkeypatch.setattr(cpu_linear, "machine_busy", lambda: False)
     cpu_linear.use_fastest_linears(tiny_model())
     assert len(measured) == 2 and cpu_linear.noisy_keys(cache) == set()
+
+
+def test_fastest_linear_wraps_a_bare_matrix_without_copying_it(monkeypatch):
+    """For a matrix held as a tensor (the EAGLE head's draft vocabulary rows): ``x @ W.T``, W's storage shared."""
+    monkeypatch.setenv(cpu_linear.FORCE_ENV, "transposed")
+    weight = torch.randn(48, 16)
+    linear = cpu_linear.fastest_linear(weight)
+    x = torch.randn(3, 16)
+    assert isinstance(linear, CpuLinear) and linear.bias is None and not linear.weight.requires_grad
+    assert linear.weight.data_ptr() == weight.data_ptr()
+    torch.testing.assert_close(linear(x), x @ weight.T)

@@ -146,3 +146,13 @@ def test_eagle_drafts_for_an_awq_target(load, chats):
     spec = LLM(**awq, **METHODS["eagle-tree"]).generate(chats[:2], params)
     assert [o.outputs[0].token_ids for o in spec] == plain
     assert max(o.metrics.mean_acceptance_length for o in spec) > 1.0, "the head accepted no draft on the AWQ target"
+
+
+def test_a_loaded_head_drafts_through_the_fastest_cpu_product(load, llm):
+    """On a CPU the draft's vocabulary projection runs the measured-fastest path, and gives the plain product's logits."""
+    head = load("spec.eagle").load_head(llm.engine.model)
+    assert head.vocab_linear is not None and head.vocab_linear.weight.shape == head.vocab_rows.shape
+    hidden = torch.randn(4, head.vocab_rows.shape[1])
+    torch.testing.assert_close(head.draft_logits(hidden), hidden @ head.vocab_rows.T, rtol=1e-4, atol=1e-4)
+    head.use_vocab(1024)  # another vocabulary: the projection follows it
+    assert head.draft_logits(hidden).shape == (4, 1024)

@@ -358,6 +358,16 @@ def use_fastest_linears(model: nn.Module, use_cache: bool = True) -> dict[str, d
     return decisions
 
 
+def fastest_linear(weight: torch.Tensor, use_cache: bool = True) -> CpuLinear:
+    """A bias-free ``CpuLinear`` computing ``x @ weight.T`` by the paths measured fastest for ``weight``'s shape
+    (``[out, in]``, shared, frozen): for a matrix held as a tensor rather than in an ``nn.Linear``."""
+    holder = nn.Module()
+    holder.linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    holder.linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    use_fastest_linears(holder, use_cache)
+    return holder.linear
+
+
 def parse_shape_key(key: str) -> tuple[str, int, int]:
     dtype, _, shape = key.partition(":")
     out_features, in_features = (int(v) for v in shape.split("x"))

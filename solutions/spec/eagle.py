@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..model.config import ModelConfig
-from ..model.cpu_linear import use_fastest_linears
+from ..model.cpu_linear import fastest_linear, use_fastest_linears
 from ..model.llama import Attend, DecoderLayer, LlamaModel
 from .tree import masked_attention
 
@@ -51,6 +51,10 @@ class EagleHead(nn.Module):
         self.lm_head_weight: torch.Tensor | None = None
         self.vocab_ids: torch.Tensor | None = None  # the token ids the draft's logits index
         self.vocab_rows: torch.Tensor | None = None  # lm_head rows of vocab_ids
+        # Inference on a CPU (``load_head``): the draft's vocabulary projection through the matrix product
+        # measured fastest for its shape (``model.cpu_linear``). Made by ``use_vocab``, never saved.
+        self.cpu_paths = False
+        self.vocab_linear: nn.Module | None = None
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
 
@@ -92,11 +96,12 @@ class EagleHead(nn.Module):
         if size is None:
             self.vocab_ids = torch.arange(self.lm_head_weight.shape[0], device=self.lm_head_weight.device)
             self.vocab_rows = self.lm_head_weight
-            return
-        if not 1 <= size <= len(self.draft_vocab):
+        elif not 1 <= size <= len(self.draft_vocab):
             raise ValueError(f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}")
-        self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
-        self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
+        else:
+            self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
+            self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
+        self.vocab_linear = fastest_linear(self.vocab_rows) if self.cpu_paths else None
 
     def forward(
         self, features: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
@@ -107,7 +112,8 @@ class EagleHead(nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[T, len(vocab_ids)]`` over the draft vocabulary."""
-        return (hidden @ self.vocab_rows.T).float()
+        logits = self.vocab_linear(hidden) if self.vocab_linear is not None else hidden @ self.vocab_rows.T
+        return logits.float()
 
 
 def target_features(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
@@ -222,9 +228,13 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
     if set(missing) != {"draft_vocab"} or unexpected:
         raise ValueError(f"the EAGLE head at {path} does not fit: missing {missing}, unexpected {unexpected}")
-    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # Inference only: on a CPU fc, the layer's linears and the draft's vocabulary projection take the paths
+    # measured fastest there.
+    head.cpu_paths = device.type == "cpu"
+    head.attach(target)
     if "draft_vocab_size" in meta:  # the vocabulary it was trained to draft over (the file ranks more tokens)
         head.use_vocab(min(int(meta["draft_vocab_size"]), len(head.draft_vocab)))
-    if device.type == "cpu":  # inference only: fc and the layer's linears take the paths measured fastest here
+    if head.cpu_paths:
         use_fastest_linears(head)
     return head
