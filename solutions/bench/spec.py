@@ -51,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: teacher-forced tau of EAGLE chains and trees of several sizes on the held-back greedy answers",
     )
+    parser.add_argument("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
     mixed = sorted(range(len(rows)), key=lambda i: (i % 4, i))[: args.prompts]  # mix the kinds
     if args.offline:
-        return offline(mixed)
+        return offline(mixed, args.eagle_head)
     rows = [rows[i] for i in mixed]
     k = args.num_speculative_tokens
     methods = {
@@ -73,8 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     tree = methods[f"EAGLE tree {args.tree_nodes}"]
     methods |= {"plain, AWQ INT4": dict(quantization="awq"), "EAGLE tree, AWQ INT4": dict(quantization="awq", **tree)}
+    head = {"eagle_head": args.eagle_head} if args.eagle_head else {}
     engines = {
-        name: LLM(device=args.device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=64 << 20, **opts)
+        name: LLM(
+            device=args.device,
+            max_num_seqs=1,
+            max_model_len=1024,
+            kv_cache_memory=64 << 20,
+            **opts,
+            **(head if opts.get("speculative") == "eagle" else {}),
+        )
         for name, opts in methods.items()
     }
     llama_cpp = llama_cpp_generator(torch.get_num_threads())
@@ -146,18 +155,18 @@ OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree node
 }
 
 
-def offline(indices: list[int]) -> int:
+def offline(indices: list[int], head_path: str | None = None) -> int:
     """Teacher-forced τ (``spec.acceptance``) of the shipped head on the held-back prompts' greedy answers:
     what larger trees could give before any verify pass is paid for. float32, no target pass per step."""
     from ..llm import LLM
     from ..spec.acceptance import greedy_answers, teacher_forced_acceptance
     from ..spec.drafter import EagleDrafter
-    from ..spec.eagle import DATA_DIR, load_head
+    from ..spec.eagle import DATA_DIR, HEAD_PATH, load_head
 
     lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
     answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
-    head = load_head(model)
+    head = load_head(model, head_path or HEAD_PATH)
     positions = sum(len(ids) - 1 - start for ids, start, _ in answers)
     print(f"{_machine()}: teacher-forced on {len(answers)} held-back greedy answers, {positions} positions")
     print(f"{'drafter':32s} | {'tau':>5s} | P(accepted >= 1, 2, 3, 4) | draft ms/step")

@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise", type=float, default=0.2, help="uniform feature noise, times the feature std")
     parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--data-fraction",
+        type=float,
+        default=1.0,
+        help="train on this share of the answers (a seeded random subset): how agreement scales with data",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
         "--features-cache",
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.vocab_size > args.keep_vocab:
         parser.error("--vocab-size must not exceed --keep-vocab")
+    if not 0 < args.data_fraction <= 1:
+        parser.error(f"--data-fraction must be in (0, 1], got {args.data_fraction}")
     if args.samples < 0:
         parser.error(f"--samples must be >= 0 (sampled answers per prompt besides the greedy one), got {args.samples}")
     torch.manual_seed(args.seed)
@@ -219,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         every = cached
     train = [(ids, feats, labels) for ids, feats, labels, _ in every[: len(train_rows)]]
     heldout = every[len(train_rows) :]
+    if args.data_fraction < 1:
+        chosen = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed))
+        chosen = sorted(chosen[: max(1, round(args.data_fraction * len(train_rows)))].tolist())
+        train_rows, train = [train_rows[i] for i in chosen], [train[i] for i in chosen]
     ranked = most_frequent_tokens(
         [r["token_ids"] for r in train_rows] + [lab.tolist() for _, _, lab in train], args.keep_vocab
     )
