@@ -329,3 +329,20 @@ def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
     # Positions 4..10 draft below the newest token; near the end fewer true tokens remain to match.
     assert result.accepted == [2, 2, 2, 2, 2, 2, 1]
     assert result.tau == pytest.approx(1 + 13 / 7) and result.at_least(2) == pytest.approx(6 / 7)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--samples", "-1"], "--samples must be >= 0"),
+        (["--data-fraction", "0"], "--data-fraction must be in"),
+        (["--data-fraction", "1.5"], "--data-fraction must be in"),
+        (["--vocab-size", "9000"], "--vocab-size must not exceed --keep-vocab"),
+    ],
+)
+def test_train_eagle_rejects_bad_options_by_name(argv, message, capsys):
+    from solutions.spec import train_eagle
+
+    with pytest.raises(SystemExit):
+        train_eagle.main(argv)
+    assert message in capsys.readouterr().err
