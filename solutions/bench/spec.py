@@ -156,8 +156,9 @@ OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree node
 
 
 def offline(indices: list[int], head_path: str | None = None) -> int:
-    """Teacher-forced τ (``spec.acceptance``) of the shipped head on the held-back prompts' greedy answers:
-    what larger trees could give before any verify pass is paid for. float32, no target pass per step."""
+    """Teacher-forced τ (``spec.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
+    held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
+    float32, no target pass per step."""
     from ..llm import LLM
     from ..spec.acceptance import greedy_answers, teacher_forced_acceptance
     from ..spec.drafter import EagleDrafter

@@ -65,12 +65,11 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
 
 def _keep(ranked: torch.Tensor, k: torch.Tensor, p: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
     """``ranked`` ``[N, W]``, each row's largest logits in order, with -inf past its top-k and its top-p set.
-    ``log_total`` ``[N, 1]``: the log of each row's whole softmax denominator (when the top-k cut applies, the
-    denominator is that of the k kept, all ranked here)."""
+    ``log_total`` ``[N, 1]``: the log of each row's whole softmax denominator, for rows without a top-k (a top-k
+    row's denominator is that of its k kept logits, all ranked here: ``W >= k``)."""
     rank = torch.arange(ranked.shape[-1], device=ranked.device)[None, :]
     ranked = ranked.masked_fill((k[:, None] > 0) & (rank >= k[:, None]), float("-inf"))
-    cut = (k > 0) & (k <= ranked.shape[-1])
-    log_total = torch.where(cut[:, None], ranked.logsumexp(dim=-1, keepdim=True), log_total)
+    log_total = torch.where((k > 0)[:, None], ranked.logsumexp(dim=-1, keepdim=True), log_total)
     probs = (ranked - log_total).exp()
     covered_before = probs.cumsum(dim=-1) - probs  # drop a token once those ranked above it cover top_p
     return ranked.masked_fill((covered_before >= p[:, None]) & (p[:, None] < 1.0), float("-inf"))

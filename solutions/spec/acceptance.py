@@ -19,6 +19,7 @@ import torch
 from ..model.llama import LlamaModel
 from .drafter import EagleDrafter
 from .train_eagle import features_and_labels
+from .tree import walk_greedy
 
 
 @dataclass
@@ -54,12 +55,10 @@ def teacher_forced_acceptance(
             if tree_nodes:
                 tree = drafter.propose_tree(request_id, context, tree_nodes)
                 seconds += time.perf_counter() - start
-                node, count = 0, 0
-                while count < len(upcoming):
-                    match = [c for c in tree.children(node) if tree.token_ids[c] == upcoming[count]]
-                    if not match:
-                        break
-                    node, count = match[0], count + 1
+                # The target's choice below a node at depth d of the answer's path is the answer's token d; the
+                # greedy walk reads choices only along the path it follows, so other nodes' entries never matter.
+                choices = [upcoming[d] if d < len(upcoming) else None for d in tree.depths()]  # None: no choice
+                count = len(walk_greedy(tree, choices)[0])
             else:
                 draft = drafter.propose([request_id], [context], [len(upcoming)], [0.0])[0].token_ids
                 seconds += time.perf_counter() - start

@@ -228,13 +228,10 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
     if set(missing) != {"draft_vocab"} or unexpected:
         raise ValueError(f"the EAGLE head at {path} does not fit: missing {missing}, unexpected {unexpected}")
-    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    # Inference only: on a CPU fc, the layer's linears and the draft's vocabulary projection take the paths
-    # measured fastest there.
-    head.cpu_paths = device.type == "cpu"
-    head.attach(target)
-    if "draft_vocab_size" in meta:  # the vocabulary it was trained to draft over (the file ranks more tokens)
-        head.use_vocab(min(int(meta["draft_vocab_size"]), len(head.draft_vocab)))
-    if head.cpu_paths:
-        use_fastest_linears(head)
+    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    if device.type == "cpu":  # inference only: fc, the layer's linears and (from use_vocab on) the draft's
+        use_fastest_linears(head)  # vocabulary projection take the paths measured fastest here
+        head.cpu_paths = True
+    # The vocabulary it was trained to draft over (the file ranks more tokens).
+    head.use_vocab(min(int(meta.get("draft_vocab_size", len(head.draft_vocab))), len(head.draft_vocab)))
     return head

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         "--data-fraction",
         type=float,
         default=1.0,
-        help="train on this share of the answers (a seeded random subset): how agreement scales with data",
+        help="train on this share of the answers (a seeded random subset; the features pass still covers them "
+        "all, so --features-cache serves every share): how agreement scales with data",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
