@@ -13,7 +13,7 @@ import torch
 
 @pytest.mark.lab5
 def test_route_picks_top_k_and_renormalises_by_hand(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     probs = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
     routing = router.route(probs.log(), top_k=2)
     assert routing.experts.tolist() == [[1, 2], [0, 2]]
@@ -25,7 +25,7 @@ def test_route_picks_top_k_and_renormalises_by_hand(load):
 
 @pytest.mark.lab5
 def test_route_computes_in_float32_and_names_bad_k(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     logits = torch.randn(5, 4, dtype=torch.bfloat16)
     routing = router.route(logits, top_k=4)
     assert routing.weights.dtype == torch.float32 and routing.experts.dtype == torch.int64
@@ -37,7 +37,7 @@ def test_route_computes_in_float32_and_names_bad_k(load):
 
 @pytest.mark.lab5
 def test_balance_loss_against_hand_computed_values(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     # 4 tokens, 2 experts, top-1: experts [0, 0, 0, 1] -> f = [3/4, 1/4]
     probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
     routing = router.route(probs.log(), top_k=1)
@@ -54,7 +54,7 @@ def test_balance_loss_against_hand_computed_values(load):
 
 @pytest.mark.lab5
 def test_balance_loss_is_alpha_when_uniform_and_alpha_e_when_collapsed(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     experts = 4
     uniform = router.route(torch.eye(experts) * 1e-3, top_k=1)  # each token its own expert, probs ~ 1/E
     assert math.isclose(router.load_balancing_loss(uniform, alpha=0.5).item(), 0.5, rel_tol=1e-3)
@@ -64,7 +64,7 @@ def test_balance_loss_is_alpha_when_uniform_and_alpha_e_when_collapsed(load):
 
 @pytest.mark.lab5
 def test_balance_loss_gradient_flows_through_the_probabilities_only(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
     loss = router.load_balancing_loss(router.route(logits, top_k=2))
     loss.backward()
@@ -72,7 +72,7 @@ def test_balance_loss_gradient_flows_through_the_probabilities_only(load):
 
 
 def test_capacity_drops_assignments_past_each_experts_slots(load):
-    router = load("moe.router")
+    router = load("model.moe_router")
     assert router.expert_capacity(num_tokens=10, num_experts=4, top_k=2, capacity_factor=1.0) == 5
     assert router.expert_capacity(num_tokens=10, num_experts=4, top_k=1, capacity_factor=1.25) == 4
     experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
@@ -109,7 +109,7 @@ def _check_permutation(perm, experts, num_experts, block):
 
 @pytest.mark.lab5
 def test_permutation_by_hand(load):
-    permute = load("moe.permute")
+    permute = load("kernels.moe_permute")
     experts = torch.tensor([[2, 0], [0, 2], [0, 1]])  # flat [2, 0, 0, 2, 0, 1]
     perm = permute.permute(experts, num_experts=4, block=4)
     p = 6
@@ -123,7 +123,7 @@ def test_permutation_by_hand(load):
     "tokens, num_experts, top_k, block", [(1, 8, 2, 16), (37, 5, 2, 4), (64, 8, 1, 16), (9, 3, 3, 1)]
 )
 def test_permutation_invariants_on_random_routings(load, tokens, num_experts, top_k, block):
-    permute = load("moe.permute")
+    permute = load("kernels.moe_permute")
     g = torch.Generator().manual_seed(tokens)
     experts = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
     _check_permutation(permute.permute(experts, num_experts, block), experts, num_experts, block)
@@ -131,7 +131,7 @@ def test_permutation_invariants_on_random_routings(load, tokens, num_experts, to
 
 @pytest.mark.lab5
 def test_permutation_with_an_empty_expert_and_one_taking_all(load):
-    permute = load("moe.permute")
+    permute = load("kernels.moe_permute")
     experts = torch.full((13, 1), 3)
     perm = permute.permute(experts, num_experts=5, block=4)
     _check_permutation(perm, experts, 5, 4)
@@ -178,7 +178,7 @@ def test_grouped_moe_matches_float64_per_expert_loop(load, tokens, top_k, backen
 def test_grouped_gemm_writes_only_real_rows(load):
     """Padding rows are neither read nor written: the output, poisoned first, is fully overwritten by real rows."""
     moe_gemm = load("kernels.moe_gemm")
-    permute = load("moe.permute")
+    permute = load("kernels.moe_permute")
     x, w13, _, g = _moe_inputs(21, 32, 24, 4, seed=3)
     experts = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
     block = (16, 32, 32)
@@ -286,7 +286,7 @@ def test_lab5_exercises_are_holes_in_labs():
     """In labs/, the router, its balance loss and the permutation raise until the learner writes them."""
     import importlib
 
-    router, permute = importlib.import_module("labs.moe.router"), importlib.import_module("labs.moe.permute")
+    router, permute = importlib.import_module("labs.model.moe_router"), importlib.import_module("labs.kernels.moe_permute")
     with pytest.raises(NotImplementedError, match="Lab 5"):
         router.route(torch.zeros(2, 4), top_k=2)
     with pytest.raises(NotImplementedError, match="Lab 5"):

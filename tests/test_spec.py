@@ -1,6 +1,6 @@
 """Lesson 4's components on tensors: exact rejection sampling, draft trees, n-gram lookup, the EAGLE head.
 
-The end-to-end checks run a tiny random Llama (fast) through ``spec.loop``: greedy speculative decoding
+The end-to-end checks run a tiny random Llama (fast) through ``speculative.loop``: greedy speculative decoding
 must reproduce plain greedy decoding token for token, whatever the drafter proposes.
 """
 
@@ -60,7 +60,7 @@ def speculative_markov_samples(rejection, p_table, q_table, k, length, num, dete
 def test_speculative_sampling_preserves_the_target_distribution(load, deterministic):
     """Chi-square over 3-token continuations: speculative samples follow the target's joint distribution,
     including its top-k / top-p truncation (cells the target forbids are never produced)."""
-    rejection = load("spec.rejection")
+    rejection = load("speculative.rejection")
     vocab, length, num = 5, 3, 12000
     gen = torch.Generator().manual_seed(1)
     p_logits, q_logits = torch.randn(vocab, vocab, generator=gen) * 1.5, torch.randn(vocab, vocab, generator=gen)
@@ -77,7 +77,7 @@ def test_speculative_sampling_preserves_the_target_distribution(load, determinis
 
 @pytest.mark.lab4
 def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
-    rejection = load("spec.rejection")
+    rejection = load("speculative.rejection")
     logits = torch.full((2, 4, 10), -5.0)
     for b, argmaxes in enumerate([[3, 1, 4, 2], [7, 7, 0, 9]]):
         for i, t in enumerate(argmaxes):
@@ -92,7 +92,7 @@ def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
 
 @pytest.mark.lab4
 def test_tree_attention_mask_matches_a_hand_built_tree(load):
-    tree = load("spec.tree")
+    tree = load("speculative.tree")
     #      root(0) ─ a(1) ─ c(3)
     #             │      └ d(4) ─ e(5)
     #             └ b(2)
@@ -113,7 +113,7 @@ def test_tree_attention_mask_matches_a_hand_built_tree(load):
 
 
 def test_tree_walk_follows_the_target_and_is_exact(load):
-    tree_mod = load("spec.tree")
+    tree_mod = load("speculative.tree")
     tree = tree_mod.DraftTree(token_ids=[9, 1, 2, 3, 4, 5], parents=[-1, 0, 0, 1, 1, 4], log_probs=[0.0] * 6)
     greedy = torch.zeros(6, 8)
     for node, best in enumerate([1, 4, 0, 0, 5, 6]):  # root -> 1 (node a), a -> 4 (node d), d -> 5 (node e), e -> 6
@@ -139,7 +139,7 @@ def test_tree_walk_follows_the_target_and_is_exact(load):
 
 
 def test_grow_tree_keeps_the_most_probable_nodes_parent_first(load):
-    tree_mod = load("spec.tree")
+    tree_mod = load("speculative.tree")
     gen = torch.Generator().manual_seed(0)
     table = torch.log_softmax(torch.randn(16, 16, generator=gen) * 2, -1)  # a toy draft: next token given token
     calls = []
@@ -164,7 +164,7 @@ def test_grow_tree_keeps_the_most_probable_nodes_parent_first(load):
 
 
 def test_ngram_lookup_copies_what_followed_the_latest_match(load):
-    propose = load("spec.ngram").propose_ngram
+    propose = load("speculative.ngram").propose_ngram
     assert propose([5, 6, 7, 8, 9, 5, 6, 7], 3) == [8, 9, 5]
     assert propose([1, 2, 3, 1, 2, 4, 1, 2], 2) == [4, 1]  # the most recent match wins
     assert propose([1, 2, 3, 4], 2) == []
@@ -201,7 +201,7 @@ def plain_greedy(model, prompt, max_tokens):
 
 @pytest.mark.parametrize("method", ["ngram", "eagle-chain", "eagle-tree"])
 def test_greedy_speculative_decoding_equals_plain_greedy(load, method):
-    loop, drafter, eagle = load("spec.loop"), load("spec.drafter"), load("spec.eagle")
+    loop, drafter, eagle = load("speculative.loop"), load("speculative.drafter"), load("speculative.eagle")
     model = tiny_llama(load)
     torch.manual_seed(1)
     head = eagle.EagleHead(model.config, torch.randperm(64)[:40]).attach(model)
@@ -220,7 +220,7 @@ def test_greedy_speculative_decoding_equals_plain_greedy(load, method):
 
 def test_draft_kv_tree_mask_matches_separate_chains(load):
     """Drafting two branches at once under a tree mask gives the same head outputs as drafting each alone."""
-    eagle = load("spec.eagle")
+    eagle = load("speculative.eagle")
     model = tiny_llama(load)
     head = eagle.EagleHead(model.config, torch.arange(64)).attach(model)
     feats = torch.randn(5, 32)
@@ -237,7 +237,7 @@ def test_draft_kv_tree_mask_matches_separate_chains(load):
 
 
 def test_bad_spec_options_fail_clearly(load, tmp_path):
-    eagle = load("spec.eagle")
+    eagle = load("speculative.eagle")
     model = tiny_llama(load)
     head = eagle.EagleHead(model.config, torch.arange(40)).attach(model)
     with pytest.raises(ValueError, match="draft vocabulary size"):
@@ -257,8 +257,8 @@ def test_bad_spec_options_fail_clearly(load, tmp_path):
 
 
 def test_lab4_exercises_are_holes_in_labs():
-    rejection = importlib.import_module("labs.spec.rejection")
-    tree = importlib.import_module("labs.spec.tree")
+    rejection = importlib.import_module("labs.speculative.rejection")
+    tree = importlib.import_module("labs.speculative.tree")
     with pytest.raises(NotImplementedError, match="Lab 4"):
         rejection.verify(torch.zeros(1, 1, dtype=torch.long), torch.full((1, 2, 4), 0.25))
     with pytest.raises(NotImplementedError, match="Lab 4"):
@@ -288,7 +288,7 @@ class _ScriptedDrafter:
     whose true path hangs under a wrong sibling at each of ``right`` depths. Checks the features it is handed."""
 
     def __init__(self, load, answer: list[int], right: int):
-        self.tree_mod, self.answer, self.right = load("spec.tree"), answer, right
+        self.tree_mod, self.answer, self.right = load("speculative.tree"), answer, right
         self.known = 0
 
     def observe(self, request_id, features, first_position):
@@ -321,7 +321,7 @@ class _Draft:
 
 @pytest.mark.parametrize("tree_nodes", [0, 8])
 def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
-    acceptance = load("spec.acceptance")
+    acceptance = load("speculative.acceptance")
     answer, prompt_len = list(range(100, 112)), 4
     features = torch.zeros(len(answer), 3)
     drafter = _ScriptedDrafter(load, answer, right=2)
@@ -341,7 +341,7 @@ def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
     ],
 )
 def test_train_eagle_rejects_bad_options_by_name(argv, message, capsys):
-    from solutions.spec import train_eagle
+    from solutions.speculative import train_eagle
 
     with pytest.raises(SystemExit):
         train_eagle.main(argv)

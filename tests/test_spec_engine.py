@@ -102,7 +102,7 @@ def test_sampling_with_drafts_gives_valid_tokens(load, spec_llm, chats):
 
 
 def test_shipped_head_loads_and_matches_its_checksum(load, llm):
-    eagle = load("spec.eagle")
+    eagle = load("speculative.eagle")
     manifest = json.loads((eagle.DATA_DIR / "eagle_head.json").read_text())
     assert eagle.sha256_of(eagle.HEAD_PATH) == manifest["sha256"]
     head = eagle.load_head(llm.engine.model)
@@ -125,7 +125,7 @@ def test_bad_speculative_options_fail_clearly(load, options, message):
 
 
 def test_a_head_that_does_not_fit_fails_clearly(load, tmp_path):
-    config_mod, eagle = load("model.config"), load("spec.eagle")
+    config_mod, eagle = load("model.config"), load("speculative.eagle")
     small = config_mod.ModelConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
         head_dim=8, rope_theta=1e4, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=True,
@@ -150,7 +150,7 @@ def test_eagle_drafts_for_an_awq_target(load, chats):
 
 def test_a_loaded_head_drafts_through_the_fastest_cpu_product(load, llm):
     """On a CPU the draft's vocabulary projection runs the measured-fastest path, and gives the plain product's logits."""
-    head = load("spec.eagle").load_head(llm.engine.model)
+    head = load("speculative.eagle").load_head(llm.engine.model)
     assert head.vocab_linear is not None and head.vocab_linear.weight.shape == head.vocab_rows.shape
     hidden = torch.randn(4, head.vocab_rows.shape[1])
     torch.testing.assert_close(head.draft_logits(hidden), hidden @ head.vocab_rows.T, rtol=1e-4, atol=1e-4)

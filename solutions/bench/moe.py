@@ -27,8 +27,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernel module may be imported on CPU
 
 from ..kernels.moe_gemm import fused_moe, moe_per_expert_loop  # noqa: E402
+from ..model.moe_router import route  # noqa: E402
 from ..moe.moefy import machine_name  # noqa: E402
-from ..moe.router import route  # noqa: E402
 
 NUM_EXPERTS, TOP_K = 8, 2
 

@@ -8,7 +8,7 @@ plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when `
 (an optional peer: its outputs come from other weights, so they are timed, not compared).
 
 ``--offline`` instead scores EAGLE chains and trees of several sizes teacher-forced on the held-back greedy
-answers (``spec.acceptance``): the τ each could reach, and its drafting time, with no target pass per step.
+answers (``speculative.acceptance``): the τ each could reach, and its drafting time, with no target pass per step.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     from ..engine.sampling_params import SamplingParams
     from ..llm import LLM
-    from ..spec.eagle import DATA_DIR
+    from ..speculative.eagle import DATA_DIR
 
     parser = argparse.ArgumentParser(prog="python -m solutions bench spec", description=__doc__.split("\n")[0])
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -156,13 +156,13 @@ OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree node
 
 
 def offline(indices: list[int], head_path: str | None = None) -> int:
-    """Teacher-forced τ (``spec.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
+    """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
     held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
     float32, no target pass per step."""
     from ..llm import LLM
-    from ..spec.acceptance import greedy_answers, teacher_forced_acceptance
-    from ..spec.drafter import EagleDrafter
-    from ..spec.eagle import DATA_DIR, HEAD_PATH, load_head
+    from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
+    from ..speculative.drafter import EagleDrafter
+    from ..speculative.eagle import DATA_DIR, HEAD_PATH, load_head
 
     lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model

@@ -64,7 +64,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.speculator = None
         if config.speculative:
-            from ..spec.speculator import Speculator  # Lesson 4; here, so the plain engine never loads a head
+            from ..speculative.speculator import Speculator  # Lesson 4; here, so the plain engine never loads a head
 
             self.speculator = Speculator(config, self.model, self.kv, cache)
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id

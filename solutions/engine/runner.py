@@ -18,7 +18,7 @@ import torch
 
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..model.llama import LlamaModel
-from ..spec.tree import TreeAttention, tree_attention_mask, tree_positions
+from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .scheduler import SchedulerOutput
 
 

@@ -7,7 +7,7 @@ Each token runs through its ``k`` chosen experts' SwiGLU FFN and mixes their out
 Weights are stacked by expert: ``w13`` ``[E, 2I, H]`` (gate rows, then up rows) and ``w2`` ``[E, H, I]``.
 
 The Triton path (vLLM's ``fused_moe`` shape) first permutes the ``T * k`` assignments so each expert's
-rows are contiguous and padded to ``BLOCK_M`` (``moe.permute``). One launch then computes every
+rows are contiguous and padded to ``BLOCK_M`` (``moe_permute``). One launch then computes every
 expert's tiles at once: program ``(m, n)`` reads which expert owns row block ``m``, gathers those
 ``BLOCK_M`` token rows of ``x`` by index (no permuted copy of ``x`` is ever written), and multiplies
 them by that expert's ``[BLOCK_K, BLOCK_N]`` weight tiles::
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..moe.permute import permute
+from .moe_permute import permute
 
 
 @triton.jit

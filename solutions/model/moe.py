@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..kernels.moe_gemm import fused_moe
-from ..moe.router import route
 from .config import ModelConfig
+from .moe_router import route
 
 
 class MoEMLP(nn.Module):

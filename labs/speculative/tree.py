@@ -1,4 +1,4 @@
-# Generated from solutions/spec/tree.py by tools/make_labs.py: fill in each NotImplementedError.
+# Generated from solutions/speculative/tree.py by tools/make_labs.py: fill in each NotImplementedError.
 """EAGLE-2-style dynamic draft trees: grow, mask, position, and walk.
 
 A draft tree hangs below the root, the last token the target emitted (its K/V not yet computed). Node 0

@@ -1,4 +1,4 @@
-# Generated from solutions/spec/rejection.py by tools/make_labs.py: fill in each NotImplementedError.
+# Generated from solutions/speculative/rejection.py by tools/make_labs.py: fill in each NotImplementedError.
 """Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023), batched over requests and positions.
 
 A drafter proposes tokens ``x_1..x_k`` with probabilities ``q_i``; the target scores all of them in one

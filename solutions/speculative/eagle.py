@@ -213,7 +213,7 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no EAGLE head at {path}: train one with `python -m solutions.spec.train_eagle`")
+        raise FileNotFoundError(f"no EAGLE head at {path}: train one with `python -m solutions.speculative.train_eagle`")
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {name: f.get_tensor(name) for name in f.keys()}

@@ -1,4 +1,4 @@
-# Generated from solutions/moe/permute.py by tools/make_labs.py: fill in each NotImplementedError.
+# Generated from solutions/kernels/moe_permute.py by tools/make_labs.py: fill in each NotImplementedError.
 """Token permutation: sort the ``T * k`` (token, expert) assignments by expert, pad each group to a block.
 
 A grouped GEMM runs one tile of ``BLOCK`` rows against one expert's weights, so each expert's rows

@@ -1,4 +1,4 @@
-"""Train the EAGLE draft head by self-distillation: ``python -m solutions.spec.train_eagle``.
+"""Train the EAGLE draft head by self-distillation: ``python -m solutions.speculative.train_eagle``.
 
 1. The target answers every prompt of ``data/spec/prompts.jsonl`` and ``prompts_templated.jsonl`` (chat, code,
    prose; written for this repo) with our own engine: once greedily, and ``--samples`` more times at
@@ -146,7 +146,7 @@ def _machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.spec.train_eagle", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m solutions.speculative.train_eagle", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--prompts", type=Path, nargs="+", default=[DATA_DIR / "prompts.jsonl", DATA_DIR / "prompts_templated.jsonl"]
     )
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         ) / len(heldout)
     elapsed = time.perf_counter() - started
     metadata = {
-        "command": "python -m solutions.spec.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m solutions.speculative.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
         "seed": str(args.seed),
         "draft_vocab_size": str(min(args.vocab_size, len(ranked))),
     }

@@ -1,4 +1,4 @@
-# Generated from solutions/moe/router.py by tools/make_labs.py: fill in each NotImplementedError.
+# Generated from solutions/model/moe_router.py by tools/make_labs.py: fill in each NotImplementedError.
 """The top-k softmax router, the Switch Transformer load-balancing loss, and the capacity factor.
 
 A router scores every token against every expert (``logits = x @ W_router^T``, ``[T, E]``); each token
