@@ -12,13 +12,19 @@ file about the model's math alone:
     logits = lm_head(rms_norm(x))
 
 Q/K/V and gate/up projections are fused into one matrix each, so a decode step reads each layer's
-weights in four matrix-vector products.
+weights in four matrix-vector products. The residual stream is carried beside the normalised input
+(``hidden, residual``), so each "add the block's output, then normalise" is one call (``add_rms_norm``).
+
+The elementwise work between the products (norms, RoPE, SiLU-mul) goes through the model's ``LayerOps``:
+``PLAIN_OPS`` are the functions of this file (Lab 0's), and an engine may swap in fused kernels that give
+the same results up to rounding (``LlamaModel.use_ops``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -97,6 +103,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     raise NotImplementedError("Lab 0: rotate dimension pair (j, j + D/2) of every head by its token's angle (hints: make hint LAB=0)")
 
 
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add a block's output ``x`` to the residual stream, then normalise: ``(rms_norm(x + residual), x + residual)``.
+
+    ``residual`` None (the first layer) adds nothing: the stream starts as ``x``."""
+    residual = x if residual is None else x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation on the fused gate/up output ``[T, 2I]``: ``silu(gate) * up``, ``[T, I]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """The elementwise chains between a layer's matrix products, as one swappable set.
+
+    ``add_rms_norm(x, residual, weight, eps) -> (normed, new_residual)`` (``residual`` may be None);
+    ``rope(qk [T, H, D], cos [T, D], sin [T, D]) -> rotated`` (may write ``qk`` in place);
+    ``silu_mul(gate_up [T, 2I]) -> [T, I]``. Every set must agree with ``PLAIN_OPS`` up to rounding.
+    """
+
+    name: str
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
+PLAIN_OPS = LayerOps("plain", add_rms_norm, apply_rope, silu_mul)
+"""This file's functions, one torch operator at a time: what the lab teaches, and the reference."""
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -107,6 +148,17 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class AddRMSNorm(RMSNorm):
+    """A decoder layer's norm: ``(x, residual) -> (rms_norm(x + residual), x + residual)`` through ``ops``."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__(size, eps)
+        self.ops = PLAIN_OPS
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -115,12 +167,13 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.ops = PLAIN_OPS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         tokens, rotated_heads = x.shape[0], self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x).view(tokens, rotated_heads + self.num_kv_heads, self.head_dim)
         # Q and K heads sit side by side in the fused projection: rotate them in one call.
-        q, k = apply_rope(qkv[:, :rotated_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = self.ops.rope(qkv[:, :rotated_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         out = attend(self.layer, q, k, qkv[:, rotated_heads:])
         return self.o_proj(out.reshape(tokens, -1))
 
@@ -130,23 +183,29 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.ops = PLAIN_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MoEMLP(config) if config.num_local_experts else MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` -> the same pair one layer on: the residual stream is ``hidden + residual``
+        (``residual`` None: the stream is ``hidden``)."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, attend)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -164,11 +223,26 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """``input_ids``, ``positions``: ``[T]``. Returns hidden states ``[T, hidden]`` (before the final norm)."""
+        if self.rope_cos is None:
+            raise RuntimeError(
+                "the model has no weights yet: build it with LlamaModel.from_state_dict (or loader.load_weights)"
+            )
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        x = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, cos, sin, attend)
-        return x
+            hidden, residual = layer(hidden, residual, cos, sin, attend)
+        return hidden + residual
+
+    @property
+    def ops(self) -> LayerOps:
+        """The ``LayerOps`` every layer runs (``PLAIN_OPS`` until ``use_ops``)."""
+        return self.layers[0].self_attn.ops if len(self.layers) else PLAIN_OPS
+
+    def use_ops(self, ops: LayerOps) -> None:
+        """Run every layer's elementwise chains through ``ops`` (fused kernels, say) instead of the current set."""
+        for module in self.modules():
+            if isinstance(module, AddRMSNorm | Attention | MLP):
+                module.ops = ops
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits ``[N, vocab]`` for the given hidden states."""

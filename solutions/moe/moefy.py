@@ -56,7 +56,7 @@ def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch
     """Each layer's FFN input (the post-attention RMSNorm's output) ``[T, H]`` over ``token_ids``, window by window."""
     inputs: list[list[torch.Tensor]] = [[] for _ in model.layers]
     hooks = [
-        layer.post_attention_layernorm.register_forward_hook(lambda m, args, out, i=i: inputs[i].append(out))
+        layer.post_attention_layernorm.register_forward_hook(lambda m, args, out, i=i: inputs[i].append(out[0]))
         for i, layer in enumerate(model.layers)
     ]
 

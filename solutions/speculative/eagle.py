@@ -108,7 +108,8 @@ class EagleHead(nn.Module):
     ) -> torch.Tensor:
         """Pairs ``(features [T, H], next_token_ids [T])`` at ``positions [T]`` -> predicted next features ``[T, H]``."""
         x = self.fc(torch.cat([features, self.embed_weight[next_token_ids]], dim=-1))
-        return self.layer(x, self.rope_cos[positions], self.rope_sin[positions], attend)
+        hidden, residual = self.layer(x, None, self.rope_cos[positions], self.rope_sin[positions], attend)
+        return hidden + residual
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[T, len(vocab_ids)]`` over the draft vocabulary."""
