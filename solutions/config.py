@@ -54,6 +54,7 @@ class EngineConfig:
     speculative_tree_nodes: int = 0
     speculative_tree_top_k: int = 4
     eagle_head: str | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.device == "auto":

@@ -23,6 +23,7 @@ ENGINE_OPTION_HELP = {
     "attention_backend": "auto, torch or triton",
     "num_threads": "CPU threads for torch (default: torch's choice)",
     "quantization": "rtn or awq: pack the weights to --w-bit integers (Lesson 6)",
+    "enforce_eager": "run every step eagerly (no CUDA graphs)",
 }
 
 
