@@ -11,12 +11,16 @@ In solutions/, the learner's part of a function is marked::
 and labs/ gets, at the same indentation, ``raise NotImplementedError("Lab 0: normalise ...")``. ``# HINT:``
 lines are optional and must come first in the block; a comment line right under one that starts with
 ``#`` and two spaces continues it. Hints never reach labs/: the learner opts into them tier by tier.
+A file holds the holes of one lab only, so "this module belongs to Lab N" is well defined.
 
 labs/ holds only the files that contain an exercise, plus one small ``__init__.py`` per package on
 the way to them. Each of those extends the package's ``__path__`` with its solutions/ twin, so
 ``import labs.engine.engine`` loads the solution's engine as part of the ``labs`` package, and its
 relative imports reach the learner's files wherever a lab exists: the whole engine runs on the
-learner's code, with nothing else copied.
+learner's code, with nothing else copied. The top ``labs/__init__.py`` also lists the lab each of its
+modules holds (``LAB_OF_MODULE``): with ``FASTMODE_LAB_ALONE=N`` in the environment, only Lab N's modules
+come from labs/ and every other one resolves to its solutions/ twin (``solutions/course.py``), so one lab
+is graded, and runs in its notebook, on its own.
 
 ``--check`` exits 1 if labs/ differs from what this script would write (CI runs it). A learner's
 labs/ differs on purpose: holes filled in. Those are told apart from stale files (a difference
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,13 +44,15 @@ END = re.compile(r"^\s*# END SOLUTION\s*$")
 HINT = re.compile(r"^\s*# HINT:\s*(?P<text>.*)$")
 HINT_MORE = re.compile(r"^\s*#  \s*(?P<text>\S.*)$")
 LAB_NUMBER = re.compile(r"^Lab (?P<lab>\w+)\s*:")
-DEF = re.compile(r"^\s*def (?P<name>\w+)")
+DEF = re.compile(r"^(?P<indent>\s*)(?:async )?(?:def|class) (?P<name>\w+)")
+LAB_ALONE_ENV = "FASTMODE_LAB_ALONE"  # solutions/course.py reads the same variable
 HEADER = "# Generated from solutions/{path} by tools/make_labs.py: fill in each NotImplementedError.\n"
 
 
 @dataclass
 class Hole:
-    """One marked block: where it is, the line that replaces it in labs/, and its opt-in hints."""
+    """One marked block: where it is (``function`` qualified by its class: ``KVCacheManager.fork``), the line
+    that replaces it in labs/, its opt-in hints, and the reference code it hides (``body``)."""
 
     path: str
     line: int
@@ -53,6 +60,7 @@ class Hole:
     indent: str
     nudge: str
     hints: list[str] = field(default_factory=list)
+    body: str = ""
 
     @property
     def lab(self) -> str:
@@ -71,13 +79,15 @@ def split_solutions(text: str, path: str) -> list[str | Hole]:
     parts: list[str | Hole] = []
     kept: list[str] = []
     hole: Hole | None = None
-    function, hints_open = "<module>", False
+    scopes: list[tuple[int, str]] = []  # the enclosing class and def names, with their indentation
+    hints_open = False
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         begin = BEGIN.match(line)
         if begin:
             if hole:
                 raise ValueError(f"{path}:{number}: BEGIN SOLUTION inside another solution block")
             nudge = begin["hint"] or "fill in this block"
+            function = ".".join(name for _, name in scopes) or "<module>"
             hole = Hole(path, number, function, begin["indent"], nudge)
             parts.append("".join(kept))
             kept, hints_open = [], True
@@ -95,18 +105,27 @@ def split_solutions(text: str, path: str) -> list[str | Hole]:
                 hole.hints[-1] += " " + more["text"].strip()
             else:
                 hints_open = False
+                hole.body += line
         else:
             kept.append(line)
-            if match := DEF.match(line):
-                function = match["name"]
+            if line.strip() and line.lstrip()[0] not in "#)]}":  # code at this depth closes deeper scopes
+                depth = len(line) - len(line.lstrip())
+                scopes = [(indent, name) for indent, name in scopes if indent < depth]
+                if match := DEF.match(line):
+                    scopes.append((depth, match["name"]))
     if hole:
         raise ValueError(f"{path}: BEGIN SOLUTION is never closed")
+    labs = sorted({p.lab for p in parts if isinstance(p, Hole)})
+    if len(labs) > 1:
+        raise ValueError(f"{path}: holds holes of Labs {', '.join(labs)}; a file holds one lab's holes")
     parts.append("".join(kept))
     return parts
 
 
-def render(parts: list[str | Hole]) -> str:
-    return "".join(p.raise_line if isinstance(p, Hole) else p for p in parts)
+def render(parts: list[str | Hole], solved: frozenset[str] = frozenset()) -> str:
+    """The labs/ file: each hole raises, except the holes of the labs in ``solved``, which hold the reference
+    code (what a learner who solved them would have: the graders' own tests build such files)."""
+    return "".join((p.body if p.lab in solved else p.raise_line) if isinstance(p, Hole) else p for p in parts)
 
 
 def strip_solutions(text: str, path: str) -> str:
@@ -139,23 +158,41 @@ from pathlib import Path as _Path
 
 __path__.append(str(_Path(__file__).resolve().parents[{depth}] / "solutions"{parts}))
 """
+LAB_ALONE_HOOK = """
+import os as _os
+
+# The lab each module of labs/ holds. With {env}=N in the environment (`make grade LAB=N`, a
+# notebook's IMPL switch), only Lab N's modules come from labs/; the others resolve to their solutions/ twins.
+LAB_OF_MODULE = {{
+{table}}}
+LAB_ALONE = _os.environ.get("{env}") or None
+if LAB_ALONE:
+    from solutions.course import take_other_labs_from_solutions
+
+    take_other_labs_from_solutions(__name__, _Path(__path__[-1]), LAB_OF_MODULE, LAB_ALONE)
+"""
 
 
 def lab_parts() -> dict[Path, list[str | Hole]]:
     """Every labs/ file as parts (the ``__init__.py`` files are a single kept text)."""
     files: dict[Path, list[str | Hole]] = {}
     packages = set()
+    lab_of_module = {}
     for source in sorted(SOURCE.rglob("*.py")):
         rel = source.relative_to(SOURCE)
         parts = split_solutions(source.read_text(), f"solutions/{rel}")
         if len(parts) > 1:
             files[TARGET / rel] = [HEADER.format(path=rel) + parts[0], *parts[1:]]
             packages.update(rel.parents)
+            lab_of_module[".".join(rel.with_suffix("").parts)] = parts[1].lab
     for package in packages:  # each a folder relative to solutions/, "." included
         rel = package / "__init__.py"
         dotted = "".join(f" / {part!r}" for part in package.parts).replace("'", '"')
         shown = "".join(f"{part}/" for part in package.parts)
         init = INIT_HEADER.format(path=shown, depth=len(package.parts) + 1, parts=dotted)
+        if not package.parts:
+            table = "".join(f'    "{module}": "{lab}",\n' for module, lab in sorted(lab_of_module.items()))
+            init += LAB_ALONE_HOOK.format(env=LAB_ALONE_ENV, table=table)
         solution_init = (SOURCE / rel).read_text() if (SOURCE / rel).exists() else ""
         files[TARGET / rel] = [init + ("\n" + solution_init if solution_init.strip() else "")]
     return files
@@ -201,19 +238,26 @@ def describe_filled(filled: dict[Path, list[Hole]]) -> str:
 
 
 def print_hints(lab: str, tier: int) -> int:
+    """Each hole of ``lab``: its nudge, then its hints up to ``tier`` (tier 1 the idea and the trap, tier 2 the
+    shape of the code, tier 3 the tricky line), each wrapped to the terminal's usual width."""
     holes = [h for h in all_holes() if h.lab == lab]
     if not holes:
         print(f"no lab {lab}: the labs are {', '.join(sorted({h.lab for h in all_holes()}))}")
         return 1
     deepest = max(len(h.hints) for h in holes)
+    wrap = lambda label, text: textwrap.fill(
+        text, 110, initial_indent=label, subsequent_indent=" " * len(label), break_on_hyphens=False
+    )
     for hole in holes:
         print(f"Lab {lab} · {hole.function}  (labs/{hole.path.removeprefix('solutions/')})")
-        print(f"  nudge:  {LAB_NUMBER.sub('', hole.nudge).strip()}")
+        print(wrap("  nudge:  ", LAB_NUMBER.sub("", hole.nudge).strip()))
         for n, hint in enumerate(hole.hints[:tier], 1):
-            print(f"  hint {n}: {hint}")
+            print(wrap(f"  hint {n}: ", hint))
         print()
     if tier < deepest:
         print(f"more: `make hint LAB={lab} TIER={tier + 1}` ({deepest} tiers in all)")
+    else:
+        print(f"that is every hint of Lab {lab} ({deepest} tier{'s' * (deepest != 1)})")
     return 0
 
 
