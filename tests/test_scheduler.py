@@ -40,8 +40,15 @@ def make(load):
 
 
 def run_step(scheduler, finished: list) -> object:
-    """Play the runner and the engine's update for one planned step."""
+    """Play the runner and the engine's update for one planned step (checking that a step which preempted
+    admitted nobody)."""
+    running_before = {r.request_id for r in scheduler.running}
     plan = scheduler.schedule()
+    admitted = [r.request_id for r in plan.scheduled if r.request_id not in running_before]
+    assert not (plan.preempted and admitted), (
+        f"the step preempted {[r.request_id for r in plan.preempted]} and admitted {admitted} from the waiting "
+        "queue: a step that had to preempt admits nobody (the cache is full; re-admitting a victim thrashes)"
+    )
     for r in plan.scheduled:
         r.num_computed += plan.num_scheduled_tokens[r.request_id]
         if r.num_computed == r.num_tokens:
@@ -103,7 +110,10 @@ def test_max_num_seqs_limits_admission(make):
     for _ in range(3):
         scheduler.add(request(5))
     plan = scheduler.schedule()
-    assert len(plan.scheduled) == 2 and len(scheduler.waiting) == 1
+    assert len(plan.scheduled) == 2 and len(scheduler.waiting) == 1, (
+        f"{len(plan.scheduled)} scheduled and {len(scheduler.waiting)} waiting with max_num_seqs=2 and 3 requests: "
+        "admit only while fewer than max_num_seqs are running"
+    )
 
 
 def test_running_out_of_blocks_preempts_the_newest_request(make):
@@ -165,7 +175,9 @@ def test_random_workloads_respect_the_limits_and_everything_finishes(make, seed)
         if not pending and not scheduler.has_unfinished():
             break
     assert len(finished) == len(requests), f"only {len(finished)} of {len(requests)} requests finished in {steps} steps"
-    assert scheduler.kv.num_used_blocks == 0
+    assert scheduler.kv.num_used_blocks == 0, (
+        f"{scheduler.kv.num_used_blocks} blocks still in use after every request finished: a block was leaked"
+    )
 
 
 def test_finish_of_a_waiting_request_removes_it(make):
@@ -177,4 +189,76 @@ def test_finish_of_a_waiting_request_removes_it(make):
     scheduler.schedule()
     scheduler.finish(b)  # an abort while it waits
     scheduler.finish(a)  # an abort while it runs
-    assert not scheduler.has_unfinished() and scheduler.kv.num_used_blocks == 0
+    assert not scheduler.has_unfinished() and scheduler.kv.num_used_blocks == 0, (
+        "finish must take a request out of waiting or running and free the blocks of a running one"
+    )
+
+
+def test_a_step_that_preempts_admits_nobody(make):
+    """Two requests outgrow a small cache while a third waits. The step that preempts one must not even try to
+    admit a waiting request: the cache is full, and the front of the queue is the victim just sent back (trying
+    would re-attach its cached blocks, fail, and detach them again, reordering the prefix cache's LRU)."""
+    build, request = make
+    scheduler = build(num_blocks=7, budget=32, max_num_seqs=2, max_model_len=24)
+    old, new, late = request(8, max_tokens=12), request(8, max_tokens=12), request(4, max_tokens=2)
+    for r in (old, new, late):
+        scheduler.add(r)
+    tried: list[str] = []
+    lookup = scheduler.kv.get_computed_tokens
+    scheduler.kv.get_computed_tokens = lambda r: tried.append(r.request_id) or lookup(r)
+    finished: list = []
+    preempting_steps = 0
+    for _ in range(80):
+        tried.clear()
+        plan = run_step(scheduler, finished)
+        if plan.preempted:
+            preempting_steps += 1
+            assert not tried, (
+                f"the step preempted {[r.request_id for r in plan.preempted]} and then tried to admit {tried} "
+                "(get_computed_tokens): a step that had to preempt admits nobody"
+            )
+        if not scheduler.has_unfinished():
+            break
+    assert preempting_steps, "the cache was too small for both requests: one must have been preempted"
+    assert len(finished) == 3, f"{len(finished)} of 3 requests finished"
+
+
+def test_admission_reuses_the_prefix_cache(make):
+    build, request = make
+    scheduler = build(num_blocks=16, budget=32)
+    first = request(12, max_tokens=1)
+    scheduler.add(first)
+    run_step(scheduler, [])  # computes the prompt, samples its one token, finishes: its 3 full blocks stay cached
+    second = request(15, max_tokens=1, first_token=first.prompt_token_ids[0])  # the same 12 tokens, then 3 more
+    scheduler.add(second)
+    plan = scheduler.schedule()
+    scheduled = plan.num_scheduled_tokens.get(second.request_id)
+    assert scheduled == 3 and second.num_computed == 12, (
+        f"the second request shares its first 12 tokens (3 full blocks) with a finished one, yet it starts at "
+        f"token {second.num_computed} and runs {scheduled} tokens, not 3: on admission set request.num_computed = "
+        "self.kv.get_computed_tokens(request) before allocating, so prefix-cache hits are not recomputed"
+    )
+
+
+def test_a_failed_admission_gives_back_its_prefix_blocks(make):
+    build, request = make
+    scheduler = build(num_blocks=7, budget=16, max_num_seqs=4)  # 6 usable blocks of 4 tokens
+    first = request(8, max_tokens=1)
+    scheduler.add(first)
+    run_step(scheduler, [])  # finishes at once: its 2 full blocks stay cached (evictable)
+    long_runner = request(12, max_tokens=20)
+    scheduler.add(long_runner)
+    run_step(scheduler, [])  # 3 blocks; 1 free block and the 2 cached ones left
+    sharer = request(20, max_tokens=1, first_token=first.prompt_token_ids[0])  # hits 2 blocks, then needs 3 more
+    scheduler.add(sharer)
+    plan = scheduler.schedule()
+    assert sharer.request_id not in plan.num_scheduled_tokens, "12 more tokens need 3 blocks with 1 free: no room"
+    running_blocks = sum(len(scheduler.kv.block_table(r.request_id)) for r in scheduler.running)
+    assert scheduler.kv.num_used_blocks == running_blocks, (
+        f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after an "
+        "admission that failed: the waiting request still holds the prefix-cache blocks get_computed_tokens gave "
+        "it. When allocate_slots refuses, self.kv.free(request) and reset request.num_computed to 0"
+    )
+    assert sharer.num_computed == 0 and scheduler.waiting[0] is sharer, (
+        "a request not admitted waits with nothing computed"
+    )

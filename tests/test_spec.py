@@ -71,8 +71,17 @@ def test_speculative_sampling_preserves_the_target_distribution(load, determinis
     observed = torch.bincount(cells, minlength=vocab**3).double()
     a, b, c = torch.meshgrid(torch.arange(vocab), torch.arange(vocab), torch.arange(vocab), indexing="ij")
     joint = (p_table[0][a] * p_table[a, b] * p_table[b, c]).flatten().double()
-    assert observed[joint == 0].sum() == 0, "produced a continuation the target gives probability 0"
-    assert chi_square_p_value(observed, joint * num) > 1e-3
+    forbidden = int(observed[joint == 0].sum())
+    assert forbidden == 0, (
+        f"{forbidden} of {num} continuations have target probability 0 (top-k/top-p cut them): a draft must be "
+        "kept only with probability min(1, p/q), and the replacement drawn where p > 0"
+    )
+    p_value = chi_square_p_value(observed, joint * num)
+    assert p_value > 1e-3, (
+        f"speculative samples do not follow the target (chi-square p-value {p_value:.1e} over {num} 3-token "
+        "continuations): keep draft i when u * q_i(x_i) < p_i(x_i), stop at the first rejection, draw its "
+        "replacement from norm(max(0, p - q)) at that position, and the token after the last kept draft from p"
+    )
 
 
 @pytest.mark.lab4
@@ -85,9 +94,70 @@ def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
     probs = rejection.target_probs(logits.view(8, 10), temperature=0).view(2, 4, 10)
     drafts = torch.tensor([[3, 1, 0], [7, 7, 0]])
     num, nxt = rejection.verify(drafts, probs)
-    assert num.tolist() == [2, 3] and nxt.tolist() == [4, 9]  # rejected at 0 -> argmax 4; all kept -> bonus 9
+    assert num.tolist() == [2, 3], (
+        f"greedy: accepted {num.tolist()} drafts, expected [2, 3]: a draft is kept while it equals the target's "
+        "argmax, and the run stops at the first that does not"
+    )
+    assert nxt.tolist() == [4, 9], (
+        f"greedy: next tokens {nxt.tolist()}, expected [4, 9]: after a rejection, the target's argmax at that "
+        "position (4); after all three drafts, the bonus token from the last row (9)"
+    )
     num, nxt = rejection.verify(torch.tensor([[3, -1, -1], [8, -1, -1]]), probs, num_drafts=torch.tensor([1, 1]))
-    assert num.tolist() == [1, 0] and nxt.tolist() == [1, 7]  # the token after the last real draft
+    assert (num.tolist(), nxt.tolist()) == ([1, 0], [1, 7]), (
+        f"one real draft each (num_drafts = 1, -1 padding after it): got {num.tolist()} accepted and next tokens "
+        f"{nxt.tolist()}, expected [1, 0] and [1, 7], the target's choice right after the last real draft"
+    )
+
+
+def bonus_setting(deterministic: bool, rows: int):
+    """Every draft certain to be kept (p = 1 at each draft), and a target row after them that is a coin toss
+    between tokens 0 and 1, while the drafter's last q leans to token 0: the bonus token must follow p."""
+    vocab, k = 6, 2
+    drafts = torch.tensor([[4, 0]]).expand(rows, k)
+    p = torch.zeros(rows, k + 1, vocab)
+    p[:, 0, 4] = p[:, 1, 0] = 1.0
+    p[:, 2, :2] = 0.5
+    q = None
+    if not deterministic:
+        q = torch.zeros(rows, k, vocab)
+        q[:, 0, 4] = 1.0
+        q[:, 1, 0], q[:, 1, 1] = 0.9, 0.1
+    return drafts, p, q
+
+
+@pytest.mark.lab4
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-drafts", "deterministic-drafts"])
+def test_the_token_after_the_last_kept_draft_comes_from_p(load, deterministic):
+    rejection = load("speculative.rejection")
+    rows = 2000
+    drafts, p, q = bonus_setting(deterministic, rows)
+    num, nxt = rejection.verify(drafts, p, q, generators=torch.Generator().manual_seed(0))
+    assert num.tolist() == [2] * rows, "drafts with p(x) = 1 must always be kept"
+    share = float((nxt == 0).float().mean())
+    assert 0.4 < share < 0.6, (
+        f"after both drafts were kept, the bonus token was 0 in {share:.0%} of {rows} rows, where p gives it 50%: "
+        "nothing was rejected there, so draw it from p itself, not from the residual max(0, p - q)"
+    )
+
+
+@pytest.mark.lab4
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-drafts", "deterministic-drafts"])
+def test_padding_past_num_drafts_is_never_accepted(load, deterministic):
+    """Request 0 drafted one token, request 1 none; their rows are padded with token 0, which the target would
+    accept everywhere (p = 1 at token 0), so only the num_drafts mask keeps the padding out."""
+    rejection = load("speculative.rejection")
+    vocab, k = 5, 3
+    drafts = torch.tensor([[2, 0, 0], [0, 0, 0]])
+    p = torch.zeros(2, k + 1, vocab)
+    p[:, :, 0] = 1.0
+    p[0, 0] = torch.nn.functional.one_hot(torch.tensor(2), vocab).float()
+    q = None if deterministic else torch.nn.functional.one_hot(drafts, vocab).float()
+    num, nxt = rejection.verify(drafts, p, q, num_drafts=torch.tensor([1, 0]))
+    assert num.tolist() == [1, 0], (
+        f"accepted {num.tolist()} drafts for requests that drafted [1, 0] (num_drafts): positions at or past "
+        "num_drafts[b] are padding; mask them out of the accepted run"
+    )
+    assert nxt.tolist() == [0, 0], f"next tokens {nxt.tolist()}: the target's choice after the last real draft"
 
 
 @pytest.mark.lab4
@@ -108,7 +178,16 @@ def test_tree_attention_mask_matches_a_hand_built_tree(load):
         ],
         dtype=torch.bool,
     )
-    assert torch.equal(tree.tree_attention_mask(parents), expected)
+    mask = tree.tree_attention_mask(parents)
+    assert mask.shape == expected.shape and mask.dtype == torch.bool, (
+        f"the mask must be bool [N, N] = [6, 6], got {mask.dtype} {tuple(mask.shape)}"
+    )
+    for node in range(len(parents)):
+        sees, should = mask[node].nonzero().flatten().tolist(), expected[node].nonzero().flatten().tolist()
+        assert sees == should, (
+            f"node {node} (parent {parents[node]}) sees nodes {sees}, expected {should}: a node sees itself and "
+            "everything its parent sees (all its ancestors, back to the root), and nothing else"
+        )
     assert tree.tree_positions(parents, 10).tolist() == [10, 11, 11, 12, 12, 13]
 
 

@@ -204,7 +204,11 @@ def report(lab: str, outcome: Outcome, holes: list[make_labs.Hole], stale: list[
     nudges = {h.nudge: h for h in make_labs.all_holes()}
     for hole in holes:
         waiting = next((tests for nudge, tests in outcome.waiting.items() if nudge.startswith(hole.nudge)), [])
-        tests = f"{len(waiting)} test{'s' * (len(waiting) != 1)} wait on it" if waiting else "no test reached it"
+        tests = (
+            f"{len(waiting)} test{' waits' if len(waiting) == 1 else 's wait'} on it"
+            if waiting
+            else "no test reached it"
+        )
         lines.append(f"  to write: {hole.function:<32} labs/{hole.path.removeprefix('solutions/')}  ({tests})")
     for nudge, tests in outcome.waiting.items():  # a hole of another lab (a labs/ file changed by hand?)
         if not any(nudge.startswith(h.nudge) for h in holes):
@@ -224,7 +228,7 @@ def report(lab: str, outcome: Outcome, holes: list[make_labs.Hole], stale: list[
         lines.append(f"  tracebacks: make grade LAB={lab} VERBOSE=1")
     if holes and not outcome.failures:
         lines.append(f"  stuck? make hint LAB={lab} (TIER=2, 3 for more)")
-    if total and outcome.passed == total and not stale and not outcome.unloadable:
+    if total and outcome.passed == total and not holes and not stale and not outcome.unloadable:
         lines += passed_lines(lab)
     return lines
 
@@ -248,14 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("lab", help="the lab's number")
     parser.add_argument("--verbose", action="store_true", help="pytest's own output, with short tracebacks")
-    args, pytest_extra = parser.parse_known_args(argv)  # the rest goes to pytest, e.g. -k fork
+    # The rest goes to pytest: -k fork, or test files to run instead of all of tests/.
+    args, pytest_extra = parser.parse_known_args(argv)
     labs = sorted({h.lab for h in make_labs.all_holes()}, key=int_or_text)
     if args.lab not in labs:
         print(f"no lab {args.lab}: the labs are {', '.join(labs)}")
         return 2
     os.environ[make_labs.LAB_ALONE_ENV] = args.lab
-    pytest_args = [str(ROOT / "tests"), "--impl", "labs", "-m", f"lab{args.lab}", "-p", "no:cacheprovider"]
+    named = [a for a in pytest_extra if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
+    pytest_args = [*([] if named else [str(ROOT / "tests")]), "--impl", "labs", "-m", f"lab{args.lab}"]
+    pytest_args += ["-p", "no:cacheprovider"]
     pytest_args.append("--continue-on-collection-errors")  # a broken test file must not hide the others' results
+    pytest_extra = [str(ROOT / a) if a in named else a for a in pytest_extra]
     pytest_args += ["--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *pytest_extra]
     if args.verbose:
         return pytest.main([*pytest_args, "-q", "--tb=short", "--no-header", "-p", "no:warnings"])
