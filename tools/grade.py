@@ -216,12 +216,12 @@ def report(lab: str, outcome: Outcome, holes: list[make_labs.Hole], stale: list[
             name = f"{hole.function} (Lab {hole.lab})" if hole else nudge[:60]
             lines.append(f"  {len(tests)} test(s) reached {name}, which still raises NotImplementedError")
     shown: dict[str, list[Failure]] = {}
-    for failure in outcome.failures:  # parametrised cases failing alike share one line
-        shown.setdefault(failure.message, []).append(failure)
-    for message, failures in list(shown.items())[:MAX_FAILURE_LINES]:
+    for failure in outcome.failures:  # cases failing alike (the same message, figures aside) share one line
+        shown.setdefault(re.sub(r"[-+]?\d[\d.e+-]*", "#", failure.message), []).append(failure)
+    for failures in list(shown.values())[:MAX_FAILURE_LINES]:
         names = failures[0].test + (f" (+{len(failures) - 1} alike)" if len(failures) > 1 else "")
         where = f" [{failures[0].where}]" if failures[0].where else ""
-        lines.append(f"  FAILED {names}{where}: {message}")
+        lines.append(f"  FAILED {names}{where}: {failures[0].message}")
     if len(shown) > MAX_FAILURE_LINES:
         lines.append(f"  ... {len(shown) - MAX_FAILURE_LINES} more kinds of failure")
     if outcome.failures:
