@@ -11,6 +11,7 @@ LAB_OF_MODULE = {
     "cache.block_allocator": "2",
     "cache.kv_cache_manager": "2",
     "engine.scheduler": "3",
+    "fast_mode.planner": "7",
     "kernels.attention": "0",
     "kernels.flash_attention": "1",
     "kernels.moe_permute": "5",

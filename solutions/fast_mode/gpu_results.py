@@ -1,0 +1,155 @@
+"""The GPU measurements committed under ``results/``, read for the notebooks (which run on CPUs).
+
+Two kinds of run: the first baseline (``results/h200-2026-12-04-baseline/``: ``probe.json``, the step
+profiles and the benchmark printouts, with ``run.json`` naming the GPU, date, commit and commands), and the
+runs of ``python -m solutions bench gpu`` (``results/**/gpu_*.json``, each with its own header). Every figure
+a notebook prints from here goes out with its run's ``label``: the GPU, the date, the commit, the command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .frontier import FrontierPoint
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+BASELINE_DIR = RESULTS_DIR / "h200-2026-12-04-baseline"
+
+
+@dataclass(frozen=True)
+class GpuRun:
+    """One GPU run: where and when it ran, the command, and its JSON document."""
+
+    gpu: str
+    date: str
+    commit: str
+    command: str
+    path: Path
+    data: dict
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu}, {self.date}, commit {self.commit}: {self.command}"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One profiled decode step: ``batch`` sequences decoding together."""
+
+    model: str
+    batch: int
+    wall_ms: float
+    gpu_busy_ms: float
+
+
+def load_baseline(folder: Path = BASELINE_DIR) -> GpuRun:
+    """The first H200 run: ``probe.json`` as ``data``, labelled from ``run.json``."""
+    meta = json.loads((folder / "run.json").read_text())
+    return GpuRun(
+        gpu=meta["gpu"],
+        date=meta["date"],
+        commit=meta["commit"],
+        command=meta["commands"]["probe.json"],
+        path=folder / "probe.json",
+        data=json.loads((folder / "probe.json").read_text()),
+    )
+
+
+PROFILE_FILES = {
+    "SmolLM2-135M (bf16)": "profile_135m.txt",
+    "1.7B shape (bf16, random weights)": "profile_1.7b_shape.txt",
+}
+_STEP_LINE = re.compile(r"^### \S+ batch (\d+): wall ([\d.]+) ms/step; GPU busy ([\d.]+) ms/step")
+
+
+def baseline_decode_steps(folder: Path = BASELINE_DIR) -> list[StepTime]:
+    """The profiles' steady decode steps. The runs asked for batches of 1 and 64 with ``max_num_seqs`` at its
+    default (``run.json``), so the larger one decoded ``max_num_seqs`` sequences a step: the batch given."""
+    cap = json.loads((folder / "run.json").read_text())["max_num_seqs"]
+    steps = []
+    for model, name in PROFILE_FILES.items():
+        for line in (folder / name).read_text().splitlines():
+            if match := _STEP_LINE.match(line):
+                batch, wall, busy = int(match[1]), float(match[2]), float(match[3])
+                steps.append(StepTime(model, min(batch, cap), wall, busy))
+    return steps
+
+
+def frontier_from_steps(steps: list[StepTime]) -> dict[str, list[FrontierPoint]]:
+    """Per model, the frontier of steady decoding: a token a step for each user, ``batch`` for the machine."""
+    frontier: dict[str, list[FrontierPoint]] = {}
+    for s in steps:
+        frontier.setdefault(s.model, []).append(
+            FrontierPoint(s.batch, 1e3 / s.wall_ms, s.batch * 1e3 / s.wall_ms)
+        )
+    return {model: sorted(points, key=lambda p: p.batch) for model, points in frontier.items()}
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """One row of ``bench attention``'s CUDA table: TFLOP/s of our kernel, SDPA and naive attention (None: the
+    naive N x N scores did not fit)."""
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    seq_len: int
+    ours_tflops: float
+    sdpa_tflops: float
+    naive_tflops: float | None
+
+
+def baseline_attention(folder: Path = BASELINE_DIR) -> list[AttentionRow]:
+    """The "Attention forward on <GPU>" table of ``bench_attention.txt``."""
+    lines = (folder / "bench_attention.txt").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Attention forward on"))
+    rows = []
+    for line in lines[start + 2 :]:
+        parts = line.split()
+        if len(parts) != 8:
+            break
+        dtype, head_dim, causal, n, ours, sdpa, naive, _ = parts
+        naive_tflops = None if naive == "nan" else float(naive)
+        rows.append(
+            AttentionRow(
+                dtype, int(head_dim), causal == "True", int(n), float(ours), float(sdpa), naive_tflops
+            )
+        )
+    return rows
+
+
+def bench_gpu_runs(root: Path = RESULTS_DIR) -> list[GpuRun]:
+    """Every ``python -m solutions bench gpu`` document under ``root`` (``gpu_*.json`` with a ``header``),
+    newest first (by the header's date, then the file name: later runs of a day end in ``-2``, ``-3``...)."""
+    runs = []
+    for path in root.rglob("gpu_*.json"):
+        data = json.loads(path.read_text())
+        header = data.get("header") if isinstance(data, dict) else None
+        if not header:
+            continue
+        runs.append(
+            GpuRun(header["machine"], header["date"], header["commit"], header["command"], path, data)
+        )
+    return sorted(runs, key=lambda r: (r.date, _run_number(r.path)), reverse=True)
+
+
+def _run_number(path: Path) -> int:
+    match = re.search(r"_\d{4}-\d{2}-\d{2}-(\d+)$", path.stem)  # gpu_<machine>_<date>-N: the day's run N
+    return int(match[1]) if match else 1
+
+
+def bench_gpu_frontier(run: GpuRun, engine: str = "graphs") -> dict[str, list[FrontierPoint]]:
+    """Per shape, the steady-decode batch sweep of ``engine`` ("graphs": the engine's default; "eager") from a
+    ``bench gpu`` run; shapes whose sweep did not finish are left out."""
+    frontier = {}
+    for shape, sections in run.data.get("shapes", {}).items():
+        sweep = sections.get("sweep", {})
+        rows = [r for r in sweep.get("rows", []) if r["engine"] == engine]
+        if sweep.get("status") == "ok" and rows:
+            frontier[shape] = [
+                FrontierPoint(r["batch"], r["per_request_tok_s"], r["aggregate_tok_s"]) for r in rows
+            ]
+    return frontier
