@@ -37,7 +37,7 @@ class LLM:
         ``use_tqdm`` shows a progress bar over finished requests (default: for more than 8 prompts)."""
         final: dict[str, RequestOutput] = {}
         order: list[str] = []
-        stream = self._stream(prompts, sampling_params, order)
+        stream = self._stream(prompts, sampling_params, order, stream=False)
         first = next(stream, None)
         show = len(order) > 8 if use_tqdm is None else use_tqdm
         with tqdm(total=len(order), desc="Processed prompts", unit="req", disable=not show) as progress:
@@ -65,7 +65,7 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, sampling_params)
 
-    def _stream(self, prompts, sampling_params, order: list[str]) -> Iterator[RequestOutput]:
+    def _stream(self, prompts, sampling_params, order: list[str], stream: bool = True) -> Iterator[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -81,7 +81,7 @@ class LLM:
         if self.engine.has_unfinished_requests():
             raise RuntimeError("the engine is still running an earlier batch (an unfinished stream?)")
         engine = self.engine
-        request_ids = engine.add_requests(prompts, params)
+        request_ids = engine.add_requests(prompts, params, stream=stream)
         order.extend(request_ids)
         try:
             while engine.has_unfinished_requests():

@@ -166,20 +166,36 @@ def test_sample_draws_from_each_row_and_seeds_reproduce(load):
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0]])
     draws = 20000
     torch.manual_seed(0)
-    tokens = [sampler.sample(probs, [None, None]) for _ in range(draws)]
-    counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=4).double()
+    uniform = torch.rand(draws, 2, dtype=torch.float64)
+    tokens = torch.stack([sampler.sample(probs, u) for u in uniform])
+    counts = torch.bincount(tokens[:, 0], minlength=4).double()
     assert counts[1] == 0, "a token of probability 0 is never drawn"
-    assert {t[1] for t in tokens} == {2}, "a one-hot (greedy) row gives its argmax"
+    assert set(tokens[:, 1].tolist()) == {2}, "a one-hot (greedy) row gives its argmax"
     expected = probs[0].double() * draws
     nonzero = expected > 0
     chi2 = float(((counts[nonzero] - expected[nonzero]) ** 2 / expected[nonzero]).sum())
     assert chi2 < 13.8, f"row 0's draws do not follow its probabilities (chi-square {chi2:.1f}, 2 dof, p < 0.001)"
 
-    def seeded() -> list[int]:
-        generator = torch.Generator().manual_seed(5)
-        return [sampler.sample(probs, [generator, None])[0] for _ in range(50)]
 
-    assert seeded() == seeded(), "a seeded row's draws depend on its generator only"
+def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):
+    """A seeded row's number is a function of (seed, position): the same wherever the row sits, spread evenly over
+    [0, 1) along a sequence's positions and across seeds."""
+    sampler = load("engine.sampler")
+    counters = torch.arange(20000)
+    along = sampler.counter_uniforms(torch.full_like(counters, 7), counters)
+    across = sampler.counter_uniforms(torch.arange(20000) * 1000003, torch.full_like(counters, 5))
+    for name, values in (("along a sequence", along), ("across seeds", across)):
+        assert 0 <= float(values.min()) and float(values.max()) < 1
+        counts = torch.histc(values.float(), bins=20, min=0, max=1).double()
+        chi2 = float(((counts - 1000) ** 2 / 1000).sum())
+        assert chi2 < 43.8, f"{name}: not uniform (chi-square {chi2:.1f} over 20 bins, 19 dof, p < 0.001)"
+    shuffled = torch.randperm(100)
+    seeds, positions = torch.arange(100) % 3, torch.arange(100)
+    direct = sampler.counter_uniforms(seeds, positions)
+    assert torch.equal(sampler.counter_uniforms(seeds[shuffled], positions[shuffled]), direct[shuffled])
+    mixed = sampler.row_uniforms([None, 4, None, 9], [10, 11, 12, 13], torch.device("cpu"))
+    assert float(mixed[1]) == float(sampler.counter_uniforms(torch.tensor([4]), torch.tensor([11])))
+    assert float(mixed[3]) == float(sampler.counter_uniforms(torch.tensor([9]), torch.tensor([13])))
 
 
 def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):

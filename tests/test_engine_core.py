@@ -71,7 +71,7 @@ def test_chunked_prefill_equals_one_shot_prefill(load, sp, llm):
     while logits is None:
         plan = engine.scheduler.schedule()
         assert plan.total_tokens <= 7
-        out = engine.runner.execute(plan, [engine.kv.block_table(r.request_id) for r in plan.scheduled])
+        out = engine.runner.execute(plan)
         for r in plan.scheduled:
             r.num_computed += plan.num_scheduled_tokens[r.request_id]
         if request_id in out.rows:

@@ -73,8 +73,8 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
     captured = {}
     execute = engine.runner.execute
 
-    def capture(plan, tables, **kwargs):
-        out = execute(plan, tables, **kwargs)
+    def capture(plan, **kwargs):
+        out = execute(plan, **kwargs)
         captured["logits"] = out.logits[out.rows[request_id]][-1]
         return out
 

@@ -46,6 +46,7 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self._keys: dict[str, list[BlockHash]] = {}  # chained keys of each request's first full blocks
         self._copies: list[tuple[int, int]] = []
+        self._changed: set[str] = set()  # requests whose table changed since take_changed_tables
         self.num_queried_tokens = 0  # prefix-cache statistics, over every get_computed_tokens call
         self.num_hit_tokens = 0
 
@@ -64,6 +65,20 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's block table (block ids, in token order)."""
         return list(self._table(request_id))
+
+    def block_table_view(self, request_id: str) -> list[int]:
+        """The request's live block table, not a copy: read it, never change it (the runner's persistent batch
+        copies a table only when ``take_changed_tables`` names it)."""
+        return self._table(request_id)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request holds a block table (it was admitted and not freed since)."""
+        return request_id in self._tables
+
+    def take_changed_tables(self) -> set[str]:
+        """The ids of requests whose table was created, changed or freed since the last call (then cleared)."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def block_tables(self) -> dict[str, list[int]]:
         """Every live request's block table (copies), for inspection."""
@@ -96,6 +111,7 @@ class KVCacheManager:
         table: list[int] = []
         keys: list[BlockHash] = []
         self._tables[request_id], self._keys[request_id] = table, keys
+        self._changed.add(request_id)
         if not self.enable_prefix_caching:
             return 0
         tokens, size = request.all_token_ids, self.block_size
@@ -143,6 +159,8 @@ class KVCacheManager:
             if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
                 self.prefix_cache.uncache(table[index])
         table.extend(self._take_free_block() for _ in range(num_appended))
+        if num_appended or shared or request_id not in self._tables:
+            self._changed.add(request_id)
         self._tables[request_id] = table
         self._keys.setdefault(request_id, [])
         return True
@@ -176,6 +194,7 @@ class KVCacheManager:
             raise ValueError(f"request {child.request_id!r} already holds blocks: fork into a new request")
         parent_table = self._table(parent.request_id)
         raise NotImplementedError("Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys)")
+        self._changed.add(child.request_id)
 
     def truncate(self, request, num_tokens: int) -> None:
         """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
@@ -183,6 +202,8 @@ class KVCacheManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         table = self._table(request.request_id)
         keep = _cdiv(num_tokens, self.block_size)
+        if len(table) > keep:
+            self._changed.add(request.request_id)
         while len(table) > keep:
             self._release(table.pop())
         del self._keys[request.request_id][num_tokens // self.block_size :]
@@ -200,6 +221,7 @@ class KVCacheManager:
         self.cache_full_blocks(request)
         table = self._tables.pop(request.request_id)
         del self._keys[request.request_id]
+        self._changed.add(request.request_id)
         for block in reversed(table):
             self._release(block)
 

@@ -45,6 +45,7 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self._keys: dict[str, list[BlockHash]] = {}  # chained keys of each request's first full blocks
         self._copies: list[tuple[int, int]] = []
+        self._changed: set[str] = set()  # requests whose table changed since take_changed_tables
         self.num_queried_tokens = 0  # prefix-cache statistics, over every get_computed_tokens call
         self.num_hit_tokens = 0
 
@@ -63,6 +64,20 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's block table (block ids, in token order)."""
         return list(self._table(request_id))
+
+    def block_table_view(self, request_id: str) -> list[int]:
+        """The request's live block table, not a copy: read it, never change it (the runner's persistent batch
+        copies a table only when ``take_changed_tables`` names it)."""
+        return self._table(request_id)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request holds a block table (it was admitted and not freed since)."""
+        return request_id in self._tables
+
+    def take_changed_tables(self) -> set[str]:
+        """The ids of requests whose table was created, changed or freed since the last call (then cleared)."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def block_tables(self) -> dict[str, list[int]]:
         """Every live request's block table (copies), for inspection."""
@@ -95,6 +110,7 @@ class KVCacheManager:
         table: list[int] = []
         keys: list[BlockHash] = []
         self._tables[request_id], self._keys[request_id] = table, keys
+        self._changed.add(request_id)
         if not self.enable_prefix_caching:
             return 0
         tokens, size = request.all_token_ids, self.block_size
@@ -142,6 +158,8 @@ class KVCacheManager:
             if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
                 self.prefix_cache.uncache(table[index])
         table.extend(self._take_free_block() for _ in range(num_appended))
+        if num_appended or shared or request_id not in self._tables:
+            self._changed.add(request_id)
         self._tables[request_id] = table
         self._keys.setdefault(request_id, [])
         return True
@@ -180,6 +198,7 @@ class KVCacheManager:
         self._tables[child.request_id] = list(parent_table)
         self._keys[child.request_id] = list(self._keys[parent.request_id])
         # END SOLUTION
+        self._changed.add(child.request_id)
 
     def truncate(self, request, num_tokens: int) -> None:
         """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
@@ -187,6 +206,8 @@ class KVCacheManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         table = self._table(request.request_id)
         keep = _cdiv(num_tokens, self.block_size)
+        if len(table) > keep:
+            self._changed.add(request.request_id)
         while len(table) > keep:
             self._release(table.pop())
         del self._keys[request.request_id][num_tokens // self.block_size :]
@@ -204,6 +225,7 @@ class KVCacheManager:
         self.cache_full_blocks(request)
         table = self._tables.pop(request.request_id)
         del self._keys[request.request_id]
+        self._changed.add(request.request_id)
         for block in reversed(table):
             self._release(block)
 

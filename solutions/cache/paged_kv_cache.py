@@ -50,7 +50,8 @@ class PagedKVCache:
         """Copy-on-write: block ``dst`` becomes a copy of ``src`` in every layer, for each ``(src, dst)``."""
         if not pairs:
             return
-        src, dst = (torch.tensor(column, device=self.k.device) for column in zip(*pairs))
+        pinned = self.k.device.type == "cuda"  # a pinned source copies without making the host wait
+        src, dst = (torch.tensor(c, pin_memory=pinned).to(self.k.device, non_blocking=True) for c in zip(*pairs))
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
 

@@ -2,8 +2,9 @@
 appends, and returns what advanced.
 
     step():  plan = scheduler.schedule()                 which requests run how many tokens (no tensors)
-             out = runner.execute(plan, block tables)    one flat forward pass over every scheduled token
-             tokens = sampler(out.logits)                one batched draw (or a verifier, Lesson 4)
+             out = runner.execute(plan)                  one flat forward pass over every scheduled token
+             tokens = sampler(out.logits)                one batched draw on the device (or a verifier, Lesson 4),
+                                                         read back with the step's one device-to-host copy
              update(request, tokens)                     append any number of tokens, stop rules, free blocks
              return snapshots of the requests that advanced
 """
@@ -27,7 +28,7 @@ from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
-from .sampler import sample, sampling_probs
+from .sampler import host_tensor, row_uniforms, sample, sampling_probs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 
@@ -58,9 +59,20 @@ class Engine:
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
+        self.device = self.model.norm.weight.device
         cache = self._allocate_kv_cache()
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, cache, config.attention_backend)
+        self.runner = ModelRunner(
+            self.model,
+            cache,
+            self.kv,
+            config.max_num_seqs,
+            self.max_model_len,
+            config.max_num_batched_tokens,
+            config.attention_backend,
+        )
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.runner.capture_decode_graphs(config.max_num_seqs)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.speculator = None
         if config.speculative:
@@ -84,7 +96,15 @@ class Engine:
         budget = cfg.kv_cache_memory
         if budget is None and cfg.device.startswith("cuda"):
             free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
-            budget = int(free - (1 - cfg.gpu_memory_utilization) * total)
+            # What the steps themselves will hold: an eager step's activations, and the decode graphs' pool.
+            activations = self._activation_bytes(cfg.max_num_batched_tokens)
+            graphs = 0 if cfg.enforce_eager else self._activation_bytes(cfg.max_num_seqs)
+            budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
+            log.info(
+                "GPU memory held back from the KV cache: %.0f MiB for a step's activations, %.0f MiB for graphs",
+                activations / 2**20,
+                graphs / 2**20,
+            )
         elif budget is None:
             budget = CPU_KV_CACHE_BYTES
         num_blocks = budget // per_block
@@ -116,6 +136,21 @@ class Engine:
             self.model.norm.weight.device,
         )
 
+    @torch.inference_mode()
+    def _activation_bytes(self, num_tokens: int) -> int:
+        """Peak CUDA memory one eager forward of ``num_tokens`` tokens takes beyond what is allocated now (its
+        attention stands in for the kernels, which write into the cache and allocate only their output)."""
+        num_tokens = min(num_tokens, self.max_model_len)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
+        positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
+        hidden = self.model(ids, positions, lambda layer, q, k, v: q.clone())
+        self.model.logits(hidden[-self.config.max_num_seqs :])
+        del hidden
+        return torch.cuda.max_memory_allocated(self.device) - before
+
     # -- submitting work ---------------------------------------------------------------------------------
 
     def add_request(
@@ -124,10 +159,12 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        stream: bool = True,
     ) -> str:
         """Queue one request; returns its id (``request_id`` if given: it must not be in use). ``arrival_time``
-        (``time.perf_counter()`` seconds, default now) is when the request reached the system, for its metrics."""
-        return self.add_requests([prompt], [params], [request_id], arrival_time)[0]
+        (``time.perf_counter()`` seconds, default now) is when the request reached the system, for its metrics.
+        ``stream``: ``step`` reports the request each time it gains tokens (deltas); False: only when finished."""
+        return self.add_requests([prompt], [params], [request_id], arrival_time, stream)[0]
 
     def add_requests(
         self,
@@ -135,11 +172,14 @@ class Engine:
         params: list[SamplingParams],
         request_ids: list[str | None] | None = None,
         arrival_time: float | None = None,
+        stream: bool = True,
     ) -> list[str]:
         """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
         ids = request_ids or [None] * len(prompts)
         now = time.perf_counter() if arrival_time is None else arrival_time
         groups = [self._new_group(*args, now) for args in zip(prompts, params, ids, strict=True)]
+        for group in groups:
+            group.stream = stream
         if len({g.request_id for g in groups}) != len(groups):
             raise ValueError("request ids must be unique")
         for group in groups:
@@ -215,7 +255,8 @@ class Engine:
     # -- one iteration -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return a snapshot of every request that advanced in it."""
+        """Run one iteration; return an output of every streamed request that advanced in it (its deltas and
+        text so far), and of every request that finished in it."""
         spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)  # sets spec_token_ids: the scheduler plans 1 + k tokens
@@ -230,7 +271,6 @@ class Engine:
         computed_before = {r.request_id: r.num_computed for r in plan.scheduled}
         out = self.runner.execute(
             plan,
-            [self.kv.block_table(r.request_id) for r in plan.scheduled],
             return_hidden=spec is not None and spec.needs_hidden,
             trees=spec.tree_parents() if spec is not None else None,
         )
@@ -258,7 +298,8 @@ class Engine:
             if group.finished:
                 metrics.finished_time = now
                 del self.groups[group.request_id]
-            outputs.append(group.output())
+            if group.stream or group.finished:
+                outputs.append(group.output())
         return outputs
 
     def _sample(
@@ -267,6 +308,7 @@ class Engine:
         """New tokens for each request that reached the end of its tokens. A group whose prompt has just been
         computed forks its other ``n - 1`` completions here, each sampling from the same logits row."""
         rows, requests = [], []
+        forked = False
         for request in plan.scheduled:
             span = out.rows.get(request.request_id)
             if span is None or request.request_id in skip:
@@ -275,6 +317,7 @@ class Engine:
             requests.append(request)
             group = request.group
             if len(group.requests) < group.params.n:
+                forked = True
                 for index in range(1, group.params.n):
                     child = self._new_request(group, index)
                     self.kv.fork(request, child)
@@ -284,12 +327,17 @@ class Engine:
                     requests.append(child)
         if not rows:
             return []
-        logits = out.logits[rows]
+        logits = out.logits
+        if forked or len(rows) != logits.shape[0]:  # else the rows are exactly the logits, in order
+            logits = logits.index_select(0, host_tensor(rows, torch.int64, self.device))
         params = [r.params for r in requests]
         if all(p.greedy for p in params):
-            tokens = logits.argmax(dim=-1).tolist()
+            token_ids = logits.argmax(dim=-1)
         else:
-            tokens = sample(sampling_probs(logits, params), [r.generator for r in requests])
+            seeds = [None if r.params.seed is None else r.params.seed + r.index for r in requests]
+            uniform = row_uniforms(seeds, [r.num_tokens for r in requests], self.device)
+            token_ids = sample(sampling_probs(logits, params), uniform)
+        tokens = self.runner.read_tokens(token_ids)
         return [(r, [token]) for r, token in zip(requests, tokens)]
 
     def _update(self, request: Request, tokens: list[int]) -> None:

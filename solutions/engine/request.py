@@ -120,6 +120,7 @@ class RequestGroup:
         self.params = params
         self.requests: list[Request] = []
         self.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids))
+        self.stream = True  # report every step that adds tokens; False: only the finished output
 
     @property
     def finished(self) -> bool:

@@ -1,111 +1,162 @@
 """The model runner: turns a ``SchedulerOutput`` into one flat batch, runs the model once, returns logits.
 
-For the step's ``T`` tokens (decodes first, then prefill chunks and draft verifications) it builds::
+For the step's ``T`` tokens (decodes first, then prefill chunks and draft verifications) the persistent input
+batch (``input_batch.py``) builds::
 
     input_ids [T], positions [T], slot_mapping [T]         one entry per token
     query_start_loc [B + 1], seq_lens [B], block_table [B, max_blocks]   one row per request
     logits_indices [N]                                      the rows whose next-token logits are wanted
 
-A request gets logits only when its step reaches its last known token: one row for a decode or a final
-prefill chunk, ``1 + k`` rows when it verifies ``k`` draft tokens, none for an unfinished prefill chunk.
+and sends them to the device with one non-blocking copy. A request gets logits only when its step reaches its
+last known token: one row for a decode or a final prefill chunk, ``1 + k`` rows when it verifies ``k`` draft
+tokens, none for an unfinished prefill chunk. A step of decodes alone replays a CUDA graph when graphs were
+captured (``capture_decode_graphs``); every other step runs eagerly. ``read_tokens`` is the step's one
+device-to-host copy: the sampled token ids.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
+from .cuda_graphs import CudaGraph, DecodeGraphs, batch_buckets
+from .input_batch import InputBatch, StepLayout
 from .scheduler import SchedulerOutput
 
 
 @dataclass
 class ModelOutput:
     """``logits`` ``[N, vocab]`` float32; request ``r``'s rows are ``logits[rows[r.request_id]]`` (absent when
-    its prefill is unfinished). ``hidden`` ``[T, hidden]`` (before the final norm) when asked for."""
+    its prefill is unfinished). ``hidden`` ``[T, hidden]`` (before the final norm) when asked for. A replayed
+    graph's logits are its static output: read them before the next step."""
 
     logits: torch.Tensor
     rows: dict[str, slice]
     hidden: torch.Tensor | None = None
-    logits_indices: torch.Tensor | None = None
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, attention_backend: str = "auto"):
-        self.model = model
-        self.cache = cache
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: PagedKVCache,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        attention_backend: str = "auto",
+    ):
+        self.model, self.cache, self.kv = model, cache, kv
         self.attention_backend = attention_backend
         self.device = model.norm.weight.device
+        self.max_model_len = max_model_len
+        self.batch = InputBatch(max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device)
+        self.graphs: DecodeGraphs | None = None
+        on_cuda = self.device.type == "cuda"
+        self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
+        self._tokens_ready = torch.cuda.Event() if on_cuda else None
 
     @torch.inference_mode()
     def execute(
         self,
         plan: SchedulerOutput,
-        block_tables: list[list[int]],
         return_hidden: bool = False,
         trees: dict[str, list[int]] | None = None,
     ) -> ModelOutput:
-        """Run the planned tokens of every scheduled request (``block_tables`` in the same order).
+        """Run the planned tokens of every scheduled request.
 
         ``trees`` (Lesson 4): for a request verifying a draft tree, its node parents (root first); its drafts
         sit at their depth's position and attend to the context and their ancestors only."""
         self.cache.copy_blocks(plan.block_copies)
-        block_size = self.cache.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start, seq_lens, logits_indices = [0], [], []
-        rows: dict[str, slice] = {}
-        tree_specs = []
-        for request, table in zip(plan.scheduled, block_tables):
-            num_new = plan.num_scheduled_tokens[request.request_id]
-            first = request.num_computed
-            tokens = request.token_ids(first, first + num_new)
-            token_ids.extend(tokens)
-            if trees and request.request_id in trees:
-                parents = trees[request.request_id][:num_new]  # a cut tree is still a tree: parents come first
-                positions.extend(tree_positions(parents, first).tolist())
-                context = [table[p // block_size] * block_size + p % block_size for p in range(first)]
-                rows_of_tree = slice(len(token_ids) - num_new, len(token_ids))
-                tree_specs.append(
-                    (rows_of_tree, torch.tensor(context, device=self.device), tree_attention_mask(parents))
-                )
-            else:
-                positions.extend(range(first, first + num_new))
-            slot_mapping.extend(
-                table[p // block_size] * block_size + p % block_size for p in range(first, first + num_new)
-            )
-            end = first + num_new
-            if end >= request.num_tokens:  # reached the last known token: the next one is wanted
-                num_logits = end - request.num_tokens + 1
-                rows[request.request_id] = slice(len(logits_indices), len(logits_indices) + num_logits)
-                logits_indices.extend(range(len(token_ids) - num_logits, len(token_ids)))
-            query_start.append(len(token_ids))
-            seq_lens.append(end)
-        longest_table = max(len(t) for t in block_tables)
-        table = torch.zeros(len(block_tables), longest_table, dtype=torch.int32)
-        for row, blocks in enumerate(block_tables):
-            table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        on_device = dict(device=self.device)
+        scheduled, counts = plan.scheduled, plan.num_scheduled_tokens
+        bucket = None
+        if self.graphs is not None and not return_hidden and not trees and self._all_decodes(plan):
+            bucket = self.graphs.bucket_for(len(scheduled))
+        if bucket is not None:
+            inputs = self.batch.prepare(scheduled, counts, self.kv, layout=self._bucket_layout(bucket))
+            return ModelOutput(self.graphs.replay(bucket)[: len(scheduled)], inputs.rows)
+        tree_rows, positions = {}, {}
+        for request in scheduled if trees else []:
+            if request.request_id in trees:  # a token budget may cut a tree short: a prefix is still a tree
+                parents = tree_rows[request.request_id] = trees[request.request_id][: counts[request.request_id]]
+                positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
+        inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, **on_device),
-            block_table=table.to(self.device),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, **on_device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, **on_device),
-            max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
-            max_seq_len=max(seq_lens),
+            inputs.slot_mapping,
+            inputs.block_table,
+            inputs.query_start_loc,
+            inputs.seq_lens,
+            inputs.max_query_len,
+            inputs.max_seq_len,
         )
         attend = PagedAttention(self.cache, meta, self.attention_backend)
-        if tree_specs:
-            attend = TreeAttention(attend, self.cache.k, self.cache.v, tree_specs)
-        hidden = self.model(
-            torch.tensor(token_ids, dtype=torch.long, **on_device),
-            torch.tensor(positions, dtype=torch.long, **on_device),
-            attend,
-        )
-        indices = torch.tensor(logits_indices, dtype=torch.long, **on_device)
-        logits = self.model.logits(hidden[indices]) if logits_indices else hidden.new_zeros(0, 0).float()
-        return ModelOutput(logits, rows, hidden if return_hidden else None, indices)
+        if tree_rows:
+            attend = TreeAttention(attend, self.cache.k, self.cache.v, self._tree_specs(plan, inputs, tree_rows))
+        hidden = self.model(inputs.input_ids, inputs.positions, attend)
+        logits = self.model.logits(hidden.index_select(0, inputs.logits_indices))
+        return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
+
+    @staticmethod
+    def _all_decodes(plan: SchedulerOutput) -> bool:
+        """Every request runs one token, its last known one (no prefill chunk, no draft)."""
+        counts = plan.num_scheduled_tokens
+        return all(counts[r.request_id] == 1 and r.num_computed == r.num_tokens - 1 for r in plan.scheduled)
+
+    def _tree_specs(self, plan: SchedulerOutput, inputs, tree_rows: dict[str, list[int]]) -> list:
+        """``(rows of the tree in the flat batch, cache slots of its context, tree mask)`` per tree request."""
+        specs = []
+        starts = np.concatenate([[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])])
+        for i, request in enumerate(plan.scheduled):
+            parents = tree_rows.get(request.request_id)
+            if parents is None:
+                continue
+            first = int(inputs.num_computed[i])
+            context = self.batch.cache_slots(int(inputs.batch_rows[i]), np.arange(first))
+            rows = slice(int(starts[i]), int(starts[i]) + len(parents))
+            context_slots = torch.from_numpy(context.astype(np.int64)).to(self.device)
+            specs.append((rows, context_slots, tree_attention_mask(parents)))
+        return specs
+
+    def read_tokens(self, token_ids: torch.Tensor) -> list[int]:
+        """The step's sampled ids on the host: the one device-to-host copy of a step (into pinned memory, then
+        wait for it alone)."""
+        if self._tokens_ready is None:
+            return token_ids.tolist()
+        host = self._tokens_host[: token_ids.shape[0]]
+        host.copy_(token_ids, non_blocking=True)
+        self._tokens_ready.record()
+        self._tokens_ready.synchronize()
+        return host.tolist()
+
+    # -- decode graphs -------------------------------------------------------------------------------------
+
+    def _bucket_layout(self, bucket: int) -> StepLayout:
+        return StepLayout(bucket, bucket, bucket, self.batch.max_blocks)
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, max_num_seqs: int, graph_type: type = CudaGraph) -> None:
+        """Capture one decode graph per batch bucket up to ``max_num_seqs`` (``graph_type``: ``CudaGraph`` on
+        CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode steps then replay them."""
+        if graph_type is CudaGraph and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them")
+        buckets = batch_buckets(min(max_num_seqs, self.batch.max_num_tokens))
+        self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
+
+    def _pad_bucket(self, bucket: int) -> None:
+        """Fill a bucket's static inputs with padding rows only (a valid batch that touches no live slot)."""
+        self.batch.prepare([], {}, self.kv, layout=self._bucket_layout(bucket))
+
+    def _decode_forward(self, bucket: int) -> torch.Tensor:
+        """The model over a bucket's static inputs: every row a decode (one query, its logits wanted). The
+        attention kernel's launch depends on the bucket alone: the context bound is ``max_model_len``."""
+        layout = self._bucket_layout(bucket)
+        ids, positions, slots, _, query_start, seq_lens, table = layout.split(self.batch.staging.device)
+        meta = AttentionMetadata(slots, table, query_start, seq_lens, 1, self.max_model_len)
+        hidden = self.model(ids, positions, PagedAttention(self.cache, meta, self.attention_backend))
+        return self.model.logits(hidden)

@@ -1,0 +1,112 @@
+"""Decode steps replayed from CUDA graphs (nano-vllm's ``capture_cudagraph``, SGLang's ``cuda_graph_runner``).
+
+A decode step launches hundreds of small kernels; launched one by one from Python, the GPU waits for the host
+between them. A CUDA graph records the launches of one forward pass once and replays them with one call. Its
+inputs and outputs are fixed addresses, so each graph serves one batch size: graphs are captured at start-up for
+a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to ``max_num_seqs``), largest first into
+one shared memory pool, and a step of ``n`` decodes replays the smallest bucket ``>= n`` with ``bucket - n``
+padding rows (which write no cache slot and read only the null block; their logits are dropped).
+
+The capture and replay logic does not depend on CUDA: ``RecordedCall`` stands in for ``torch.cuda.CUDAGraph`` on a
+CPU (capture records the function over the static buffers, replay calls it again), so tests check that graphs
+replay exactly what eager steps compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger("fastmode")
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """The batch sizes that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ..., ending at ``max_num_seqs``."""
+    buckets = [b for b in (1, 2, 4) if b < max_num_seqs]
+    size = 8
+    while size < max_num_seqs:
+        buckets.append(size)
+        size += 8 if size < 64 else 16
+    return [*buckets, max_num_seqs]
+
+
+class CudaGraph:
+    """A captured forward pass on CUDA: ``capture(fn)`` records ``fn``'s launches into ``pool``, ``replay()``
+    relaunches them and returns the same output tensor, now holding the new result."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.graph = torch.cuda.CUDAGraph()
+        self.output: torch.Tensor | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            self.output = fn()
+        return self.output
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.output
+
+
+class RecordedCall:
+    """The CPU stand-in for ``CudaGraph``: capture keeps ``fn`` and its output tensor; replay runs ``fn`` again
+    (reading the same static input buffers) and writes the result into that same tensor, as a graph would."""
+
+    def __init__(self, pool=None):
+        self.fn: Callable[[], torch.Tensor] | None = None
+        self.output: torch.Tensor | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self.fn = fn
+        self.output = fn()
+        return self.output
+
+    def replay(self) -> torch.Tensor:
+        return self.output.copy_(self.fn())
+
+
+class DecodeGraphs:
+    """One captured decode forward per batch bucket. ``forward(bucket)`` runs the model on the static inputs of
+    that bucket and returns its logits ``[bucket, vocab]``; ``warm_up(bucket)`` fills the inputs with a valid
+    batch (padding rows only) first, since a graph records the kernels its first run chooses."""
+
+    def __init__(
+        self,
+        buckets: list[int],
+        forward: Callable[[int], torch.Tensor],
+        warm_up: Callable[[int], None],
+        graph_type: type = CudaGraph,
+    ):
+        self.buckets = sorted(buckets)
+        self.graphs: dict[int, CudaGraph | RecordedCall] = {}
+        pool = torch.cuda.graph_pool_handle() if graph_type is CudaGraph else None
+        start = time.perf_counter()
+        used_before = torch.cuda.memory_allocated() if graph_type is CudaGraph else 0
+        for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
+            warm_up(bucket)
+            forward(bucket)  # eager first: kernels compile and autotune outside the capture
+            graph = graph_type(pool)
+            graph.capture(lambda bucket=bucket: forward(bucket))
+            self.graphs[bucket] = graph
+        if graph_type is CudaGraph:
+            torch.cuda.synchronize()
+            log.info(
+                "captured %d decode graphs (batch %s) in %.1f s, %.0f MiB of graph memory",
+                len(self.buckets),
+                ",".join(map(str, self.buckets)),
+                time.perf_counter() - start,
+                (torch.cuda.memory_allocated() - used_before) / 2**20,
+            )
+
+    def bucket_for(self, batch: int) -> int | None:
+        """The smallest bucket that holds ``batch`` decodes, or None when the batch is larger than every graph."""
+        return next((b for b in self.buckets if b >= batch), None)
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        """The logits ``[bucket, vocab]`` of the batch now in the bucket's static inputs (valid until the next
+        replay)."""
+        return self.graphs[bucket].replay()

@@ -1,0 +1,249 @@
+"""The persistent input batch: what the runner knows about each running request, kept across steps, and the
+pinned buffers a step's inputs travel to the device in (vLLM's ``InputBatch`` and ``CpuGpuBuffer``).
+
+Each running request owns one row of host arrays that live as long as it runs::
+
+    token_ids    [max_num_seqs, max_model_len]   its prompt and output tokens (written once each)
+    block_table  [max_num_seqs, max_blocks]      its KV blocks, rewritten only when the cache manager changed them
+
+A step writes only what changed (the tokens sampled since the last step, a table the cache manager touched),
+then derives the step's flat arrays with a few numpy operations, never a Python loop over tokens::
+
+    input_ids[T] positions[T] slot_mapping[T] logits_indices[N] | query_start_loc[B+1] seq_lens[B] block_table[B, W]
+
+All of them are int32 and packed, in that order, at the front of one pinned host buffer, so one non-blocking copy
+sends the step's inputs to the device (on a CPU the "device" buffer is the host buffer itself: no copy at all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ..cache.kv_cache_manager import KVCacheManager
+    from .request import Request
+
+
+class StagingBuffer:
+    """A host buffer (pinned when the device is CUDA) and its device twin.
+
+    Write the host side through ``numpy`` (a view, no copy), then ``send(n)`` copies its first ``n`` entries with
+    one non-blocking copy and returns the device view. Invariant: the host side is not written again until the
+    previous copy has run; the engine reads its step's results (a sync) before it prepares the next step.
+    """
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device):
+        self.on_cuda = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=dtype, pin_memory=self.on_cuda)
+        self.numpy = self.host.numpy()
+        self.device = torch.zeros(size, dtype=dtype, device=device) if self.on_cuda else self.host
+
+    def send(self, n: int) -> torch.Tensor:
+        if self.on_cuda:
+            self.device[:n].copy_(self.host[:n], non_blocking=True)
+        return self.device[:n]
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where each of a step's arrays sits in the packed buffer, for ``T`` tokens, ``N`` logits rows, ``B``
+    sequences and block tables ``W`` wide. A decode graph for ``b`` sequences always uses ``StepLayout(b, b, b,
+    max_blocks)``, so its inputs sit at the same addresses at every replay."""
+
+    num_tokens: int
+    num_logits: int
+    num_seqs: int
+    width: int
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        t, b = self.num_tokens, self.num_seqs
+        return t, t, t, self.num_logits, b + 1, b, b * self.width
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def split(self, buffer: np.ndarray | torch.Tensor) -> list:
+        """The arrays (views of ``buffer``): ids, positions, slots, logits rows, query starts, seq lens, table."""
+        views, start = [], 0
+        for size in self.sizes:
+            views.append(buffer[start : start + size])
+            start += size
+        table = views[-1]
+        views[-1] = table.reshape(self.num_seqs, self.width)
+        return views
+
+
+@dataclass
+class StepInputs:
+    """One step's inputs on the model's device (views of the packed buffer) and what the host keeps of them.
+
+    ``rows[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request whose step
+    reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when verifying ``k``
+    drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads them).
+    """
+
+    layout: StepLayout
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    logits_indices: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    rows: dict[str, slice]
+    batch_rows: np.ndarray  # [B] each scheduled request's row of the persistent batch
+    num_computed: np.ndarray  # [B] tokens each request had computed before this step
+
+
+class InputBatch:
+    """One row per running request, kept across steps; ``prepare`` turns a plan into ``StepInputs``.
+
+    Invariants: ``row_of`` maps each request with a row to it, and ``free_rows`` holds the rest; a row's
+    ``token_ids[:num_tokens_written]`` are its request's first tokens; ``block_table[row, :num_blocks]`` equals the
+    cache manager's table for it, and the rest of the row is 0 (the null block), unless its request id is in the
+    manager's pending changes (applied first thing in ``prepare``).
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        max_num_tokens: int,
+        device: torch.device,
+    ):
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
+        self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
+        self.num_tokens_written = np.zeros(max_num_seqs, dtype=np.int64)
+        self.row_of: dict[str, int] = {}
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.max_num_tokens = max_num_tokens
+        largest = StepLayout(max_num_tokens, max_num_tokens, max_num_seqs, self.max_blocks)
+        self.staging = StagingBuffer(largest.total, torch.int32, device)
+
+    # -- the persistent rows -----------------------------------------------------------------------------
+
+    def sync_tables(self, kv: KVCacheManager) -> None:
+        """Apply the cache manager's table changes: rewrite the rows of requests whose table changed, release
+        the rows of requests that hold no blocks any more (finished, aborted, preempted)."""
+        for request_id in kv.take_changed_tables():
+            row = self.row_of.get(request_id)
+            if row is None:
+                continue
+            table = kv.block_table_view(request_id) if kv.holds(request_id) else None
+            if table is None:
+                del self.row_of[request_id]
+                self.free_rows.append(row)
+                self.block_table[row, : self.num_blocks[row]] = 0
+                self.num_blocks[row] = self.num_tokens_written[row] = 0
+            else:
+                self._write_table(row, table)
+
+    def _write_table(self, row: int, table: list[int]) -> None:
+        old = self.num_blocks[row]
+        self.block_table[row, : len(table)] = table
+        if old > len(table):
+            self.block_table[row, len(table) : old] = 0
+        self.num_blocks[row] = len(table)
+
+    def _row(self, request: Request, kv: KVCacheManager) -> int:
+        """The request's row, given one (with its whole table) the first time it is scheduled."""
+        row = self.row_of.get(request.request_id)
+        if row is None:
+            if not self.free_rows:
+                raise RuntimeError("the input batch has no free row: more running requests than max_num_seqs")
+            row = self.row_of[request.request_id] = self.free_rows.pop()
+            self._write_table(row, kv.block_table_view(request.request_id))
+        return row
+
+    def _write_tokens(self, row: int, request: Request, end: int) -> None:
+        """Make ``token_ids[row, :end]`` hold the request's tokens (drafts past ``num_tokens`` included: they are
+        rewritten each step, since a rejected draft's position later holds another token)."""
+        written = int(self.num_tokens_written[row])
+        if written < end:
+            self.token_ids[row, written:end] = request.token_ids(written, end)
+            self.num_tokens_written[row] = min(end, request.num_tokens)
+
+    def cache_slots(self, row: int, positions: np.ndarray) -> np.ndarray:
+        """The cache rows of ``positions`` of the request in ``row``."""
+        return self.block_table[row, positions // self.block_size] * self.block_size + positions % self.block_size
+
+    # -- one step ------------------------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        scheduled: list[Request],
+        num_scheduled: dict[str, int],
+        kv: KVCacheManager,
+        tree_positions: dict[str, np.ndarray] | None = None,
+        layout: StepLayout | None = None,
+    ) -> StepInputs:
+        """Write the step's inputs for the scheduled requests (decodes first) and send them to the device.
+
+        ``tree_positions[request_id]``: RoPE positions of a request verifying a draft tree (depth-based; its
+        slots stay consecutive). ``layout``: a larger fixed layout to pad into (a decode graph's bucket):
+        padding sequences have one query at position 0 that reads the null block and writes no slot."""
+        self.sync_tables(kv)
+        batch = len(scheduled)
+        rows = np.empty(batch, dtype=np.int64)
+        computed = np.empty(batch, dtype=np.int64)
+        counts = np.empty(batch, dtype=np.int64)
+        num_wanted = np.zeros(batch, dtype=np.int64)
+        spans: dict[str, slice] = {}
+        trees: list[tuple[int, np.ndarray]] = []
+        for i, request in enumerate(scheduled):
+            request_id = request.request_id
+            row = rows[i] = self._row(request, kv)
+            first, count = request.num_computed, num_scheduled[request_id]
+            computed[i], counts[i] = first, count
+            end = first + count
+            self._write_tokens(row, request, end)
+            if end >= request.num_tokens:  # reached the last known token: the next one is wanted
+                start = num_wanted.sum()
+                num_wanted[i] = end - request.num_tokens + 1
+                spans[request_id] = slice(int(start), int(start + num_wanted[i]))
+            if tree_positions and request_id in tree_positions:
+                trees.append((i, tree_positions[request_id]))
+        num_tokens, num_logits = int(counts.sum()), int(num_wanted.sum())
+        if num_tokens > self.max_num_tokens:
+            raise ValueError(f"a step of {num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
+        seq_lens = computed + counts
+        query_end = np.cumsum(counts)
+        if layout is None:
+            layout = StepLayout(num_tokens, num_logits, batch, int(-(-seq_lens.max() // self.block_size)))
+        ids, positions, slots, logits_rows, query_start, lens, table = layout.split(self.staging.numpy)
+        owner = np.repeat(np.arange(batch), counts)  # token -> index of its sequence in the step
+        cache_positions = computed[owner] + np.arange(num_tokens) - (query_end - counts)[owner]
+        ids[:num_tokens] = self.token_ids[rows[owner], cache_positions]
+        positions[:num_tokens] = cache_positions
+        for i, tree in trees:
+            positions[query_end[i] - counts[i] : query_end[i]] = tree
+        slots[:num_tokens] = self.cache_slots(rows[owner], cache_positions)
+        # A request's logits rows are its last num_wanted tokens.
+        logits_rows[:num_logits] = np.arange(num_logits) + np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
+        query_start[0] = 0
+        query_start[1 : batch + 1] = query_end
+        lens[:batch] = seq_lens
+        table[:batch] = self.block_table[rows, : layout.width]
+        if layout.num_seqs > batch:  # padding sequences of a decode graph's bucket
+            pad = slice(num_tokens, layout.num_tokens)
+            ids[pad], positions[pad], slots[pad] = 0, 0, -1
+            logits_rows[num_logits:] = np.arange(num_logits, layout.num_logits)
+            query_start[batch + 1 :] = np.arange(num_tokens + 1, layout.num_tokens + 1)
+            lens[batch:] = 1
+            table[batch:] = 0
+        device = layout.split(self.staging.send(layout.total))
+        return StepInputs(
+            layout, *device, int(counts.max(initial=1)), int(seq_lens.max(initial=1)), spans, rows, computed
+        )

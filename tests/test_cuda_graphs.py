@@ -1,0 +1,237 @@
+"""The GPU step: decode graphs replay exactly what eager steps compute, and a steady-state step reads the device
+once. The graph logic runs on a CPU through ``RecordedCall`` (capture keeps the function over the static buffers,
+replay calls it again); the same checks with real CUDA graphs, the sync count and the HF oracle on CUDA run only
+where a GPU is present."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from solutions.engine.cuda_graphs import RecordedCall, batch_buckets
+from solutions.engine.sampling_params import SamplingParams
+
+ON_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU (real CUDA graphs, device syncs)")
+BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x KV heads x head_dim x float32
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A random 2-layer Llama written by transformers (GQA 4:2, head dim 16), no tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def make_llm(folder: Path, device: str = "cpu", **options):
+    from solutions import LLM
+
+    defaults = dict(skip_tokenizer_init=True, dtype="float32", max_num_seqs=8, max_model_len=256)
+    return LLM(model=str(folder), device=device, **{**defaults, **options})
+
+
+def test_batch_buckets_cover_every_batch_size():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(5) == [1, 2, 4, 5]
+    assert batch_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert batch_buckets(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]
+
+
+def run_schedule(llm, arrivals: list[tuple[int, list[int], SamplingParams]]) -> dict[str, list[int]]:
+    """Add each ``(step, prompt, params)`` before that step; step until done; the finished token ids by id."""
+    engine, final, step = llm.engine, {}, 0
+    pending = sorted(arrivals, key=lambda a: a[0])
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][0] <= step:
+            _, prompt, params = pending.pop(0)
+            engine.add_request(prompt, params, request_id=f"r{len(final) + len(engine.groups)}-{step}")
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = [c.token_ids for c in out.outputs]
+        step += 1
+    return final
+
+
+def arrivals(batch: int) -> list[tuple[int, list[int], SamplingParams]]:
+    """``batch`` requests at first, two more joining later; lengths differ so requests finish at different steps."""
+    g = torch.Generator().manual_seed(batch)
+    out = []
+    for i in range(batch + 2):
+        prompt = torch.randint(0, 101, (5 + 7 * i,), generator=g).tolist()
+        params = SamplingParams(temperature=0, max_tokens=12 + 9 * i, ignore_eos=True)
+        out.append((0 if i < batch else 6 * (i - batch + 1), prompt, params))
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_recorded_graphs_replay_what_eager_steps_compute(tiny_folder, batch):
+    """Requests join, finish and (with a cache of 14 blocks) get preempted; decode steps replay graphs of
+    buckets 1, 2, 4, 8 with padding rows; every token equals the eager engine's."""
+    budget = dict(kv_cache_memory=18 * BLOCK_BYTES)
+    eager = run_schedule(make_llm(tiny_folder, **budget), arrivals(batch))
+    llm = make_llm(tiny_folder, **budget)
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    replays, runner = [], engine.runner
+    execute, replay = runner.execute, runner.graphs.replay
+    runner.execute = lambda plan, **kw: replays.append([len(plan.scheduled)]) or execute(plan, **kw)
+    runner.graphs.replay = lambda bucket: replays[-1].append(bucket) or replay(bucket)
+    graphed = run_schedule(llm, arrivals(batch))
+    assert graphed == eager
+    replayed = [step for step in replays if len(step) == 2]
+    assert replayed, "no decode step replayed a graph"
+    if batch > 1:
+        assert any(live < bucket for live, bucket in replayed), "no bucket ran with padding rows"
+    null_block = engine.runner.cache.k[:, 0], engine.runner.cache.v[:, 0]
+    assert all(float(t.abs().max()) == 0 for t in null_block), "padding rows wrote into the null block"
+
+
+def test_preemption_happens_in_the_graph_schedule(tiny_folder):
+    """The cache above holds 17 usable blocks: the 5-request schedule must preempt, or the test proves less."""
+    llm = make_llm(tiny_folder, kv_cache_memory=18 * BLOCK_BYTES)
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    preempted = []
+    original = engine.scheduler._preempt
+    engine.scheduler._preempt = lambda request: preempted.append(request.request_id) or original(request)
+    run_schedule(llm, arrivals(5))
+    assert preempted, "no request was preempted: shrink the cache"
+
+
+def count_host_reads(monkeypatch) -> list[str]:
+    """Patch the Tensor methods that turn device values into host values; record each call made from engine/."""
+    calls: list[str] = []
+    engine_dir = str(Path(__file__).resolve().parents[1] / "solutions" / "engine")
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(engine_dir):
+                calls.append(f"{_name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-graphs"])
+def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, graphs):
+    """The hot path (engine/: runner, input batch, sampler, engine) converts exactly one tensor to host values per
+    step, the sampled ids, for greedy rows and sampled ones (temperature, top-k, seeded or not)."""
+    llm = make_llm(tiny_folder)
+    engine = llm.engine
+    if graphs:
+        engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=40, ignore_eos=True, seed=3),
+        SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True),
+    ]
+    for i, p in enumerate(params):
+        engine.add_request([1 + i, 2, 3, 4, 5], p)
+    for _ in range(3):  # prefill, then warm decode steps
+        engine.step()
+    calls = count_host_reads(monkeypatch)
+    for _ in range(5):
+        before = len(calls)
+        engine.step()
+        assert len(calls) - before == 1, f"host reads in one decode step: {calls[before:]}"
+    monkeypatch.undo()
+    engine.abort([g for g in list(engine.groups)])
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(tiny_folder):
+    """A seeded request's tokens depend on its seed alone, not on what shares its steps."""
+    llm = make_llm(tiny_folder)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=20, ignore_eos=True, seed=11)
+    alone = llm.generate([[5, 6, 7]], seeded)[0].outputs[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=25, ignore_eos=True)
+    batched = llm.generate([[9, 9], [5, 6, 7], [1, 2, 3, 4]], [others, seeded, others])
+    assert batched[1].outputs[0].token_ids == alone
+
+
+# -- on a CUDA GPU ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+def test_cuda_graphs_equal_eager_through_preemption_and_abort(tiny_folder):
+    budget = dict(kv_cache_memory=18 * BLOCK_BYTES, max_num_batched_tokens=512)
+    eager = run_schedule(make_llm(tiny_folder, "cuda", enforce_eager=True, **budget), arrivals(5))
+    llm = make_llm(tiny_folder, "cuda", **budget)
+    assert llm.engine.runner.graphs is not None, "a CUDA engine captures decode graphs unless enforce_eager"
+    assert run_schedule(llm, arrivals(5)) == eager
+    engine = llm.engine
+    ids = [engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=50)) for _ in range(3)]
+    for _ in range(4):
+        engine.step()
+    engine.abort(ids[1])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats().kv_blocks_used == 0
+
+
+@requires_cuda
+def test_steady_state_decode_does_not_sync_the_device_on_cuda(tiny_folder):
+    """Under torch's sync debug mode any synchronising call raises; the step's one read waits on an event."""
+    for enforce_eager in (True, False):
+        llm = make_llm(tiny_folder, "cuda", enforce_eager=enforce_eager, max_num_batched_tokens=512)
+        engine = llm.engine
+        for seed in (None, 4):
+            engine.add_request([1, 2, 3], SamplingParams(temperature=0.7, top_k=10, seed=seed, max_tokens=30))
+        engine.add_request([4, 5, 6], SamplingParams(temperature=0, max_tokens=30))
+        for _ in range(3):
+            engine.step()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        engine.abort(list(engine.groups))
+
+
+def hf_greedy(folder: Path, prompt: list[int], new_tokens: int, dtype: torch.dtype) -> tuple[list[int], torch.Tensor]:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()
+    ids = torch.tensor([prompt], device="cuda")
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        logits = model(ids).logits[0, -1].float()
+    return out[0, len(prompt) :].tolist(), logits
+
+
+@requires_cuda
+def test_fp32_greedy_on_cuda_equals_hugging_face_fp32(tiny_folder):
+    prompt = [7, 3, 99, 12, 5, 41]
+    expected, _ = hf_greedy(tiny_folder, prompt, 32, torch.float32)
+    llm = make_llm(tiny_folder, "cuda")
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    assert llm.generate([prompt], params)[0].outputs[0].token_ids == expected
+
+
+@requires_cuda
+def test_bf16_engine_logits_match_hugging_face_bf16_on_cuda(tiny_folder):
+    """bfloat16 rounds differently in every kernel: the last prompt token's logits agree within 2% (relative)."""
+    prompt = [7, 3, 99, 12, 5, 41, 8, 8]
+    _, expected = hf_greedy(tiny_folder, prompt, 1, torch.bfloat16)
+    llm = make_llm(tiny_folder, "cuda", dtype="bfloat16")
+    engine = llm.engine
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
+    plan = engine.scheduler.schedule()
+    logits = engine.runner.execute(plan).logits[-1].float()
+    engine.abort(list(engine.groups))
+    rel = float((logits - expected).norm() / expected.norm())
+    assert rel < 2e-2, f"bf16 logits differ from HF bf16 by {rel:.2e} (relative)"
