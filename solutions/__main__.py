@@ -17,6 +17,7 @@ BENCHES = {
     "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
     "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",
     "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
+    "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
 }
 
 

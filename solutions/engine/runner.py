@@ -26,7 +26,7 @@ from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCac
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, batch_buckets
-from .input_batch import InputBatch, StepLayout
+from .input_batch import InputBatch, StepInputs, StepLayout
 from .scheduler import SchedulerOutput
 
 
@@ -87,6 +87,13 @@ class ModelRunner:
                 parents = tree_rows[request.request_id] = trees[request.request_id][: counts[request.request_id]]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
         inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
+        tree_specs = self._tree_specs(plan, inputs, tree_rows) if tree_rows else None
+        logits, hidden = self.forward(inputs, tree_specs)
+        return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
+
+    def forward(self, inputs: StepInputs, tree_specs: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager forward pass over prepared inputs: ``(logits [N, vocab] float32, hidden [T, hidden])``.
+        ``tree_specs``: ``TreeAttention``'s per-tree rows, context slots and masks (Lesson 4)."""
         meta = AttentionMetadata(
             inputs.slot_mapping,
             inputs.block_table,
@@ -96,11 +103,10 @@ class ModelRunner:
             inputs.max_seq_len,
         )
         attend = PagedAttention(self.cache, meta, self.attention_backend)
-        if tree_rows:
-            attend = TreeAttention(attend, self.cache.k, self.cache.v, self._tree_specs(plan, inputs, tree_rows))
+        if tree_specs:
+            attend = TreeAttention(attend, self.cache.k, self.cache.v, tree_specs)
         hidden = self.model(inputs.input_ids, inputs.positions, attend)
-        logits = self.model.logits(hidden.index_select(0, inputs.logits_indices))
-        return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
+        return self.model.logits(hidden.index_select(0, inputs.logits_indices)), hidden
 
     @staticmethod
     def _all_decodes(plan: SchedulerOutput) -> bool:
@@ -108,7 +114,7 @@ class ModelRunner:
         counts = plan.num_scheduled_tokens
         return all(counts[r.request_id] == 1 and r.num_computed == r.num_tokens - 1 for r in plan.scheduled)
 
-    def _tree_specs(self, plan: SchedulerOutput, inputs, tree_rows: dict[str, list[int]]) -> list:
+    def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
         """``(rows of the tree in the flat batch, cache slots of its context, tree mask)`` per tree request."""
         specs = []
         starts = np.concatenate([[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])])
