@@ -15,6 +15,8 @@ import torch
 from solutions.bench import gpu
 from solutions.bench.decode_steps import summarize_profile
 from solutions.bench.gpu_report import Report, SectionSkipped, run_header
+from solutions.bench.gpu_setup import FULL, QUICK
+from solutions.bench.gpu_throughput import nano_vllm_workload
 from solutions.bench.model_shapes import SHAPES, write_random_checkpoint
 from solutions.model.loader import load_hf_folder
 
@@ -226,12 +228,12 @@ def test_summarize_profile_counts_per_step():
 
 
 def test_nano_vllm_workload_is_seeded_and_in_range():
-    sizes = gpu.QUICK
-    prompts, output_lens = gpu.nano_vllm_workload(sizes, vocab_size=512)
-    assert (prompts, output_lens) == gpu.nano_vllm_workload(sizes, vocab_size=512)
+    sizes = QUICK
+    prompts, output_lens = nano_vllm_workload(sizes, vocab_size=512)
+    assert (prompts, output_lens) == nano_vllm_workload(sizes, vocab_size=512)
     assert len(prompts) == len(output_lens) == sizes.requests
     assert all(sizes.prompt_lens[0] <= len(p) <= sizes.prompt_lens[1] for p in prompts)
     assert all(sizes.output_lens[0] <= n <= sizes.output_lens[1] for n in output_lens)
     assert max(max(p) for p in prompts) < 512
-    full_prompts, _ = gpu.nano_vllm_workload(gpu.FULL, vocab_size=49152)
+    full_prompts, _ = nano_vllm_workload(FULL, vocab_size=49152)
     assert max(max(p) for p in full_prompts) < 10_000, "nano-vllm draws token ids below 10,000"

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
-import json
-import random
 import shlex
 import statistics
 import sys
@@ -31,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from ..config import EngineConfig
 from ..engine.sampling_params import SamplingParams
 from .decode import decode_speeds
 from .decode_steps import (
@@ -42,8 +38,11 @@ from .decode_steps import (
     random_prompts,
     start_decodes,
 )
-from .gpu_report import Report, Section, SectionSkipped, run_header
-from .model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
+from .gpu_report import Report, Section, run_header
+from .gpu_setup import ENGINES, FULL, QUICK, ShapeModels, Sizes, hf_generate, label
+from .gpu_speculative import measure_speculative
+from .gpu_throughput import measure_throughput
+from .model_shapes import SHAPES
 from .roofline import decode_bytes_per_token
 
 SECTIONS = ("bandwidth", "decode", "profile", "sweep", "throughput", "spec")
@@ -59,59 +58,6 @@ BUDGET_S = {
 }
 SPEC_RESERVE_S = 45  # kept for the speculative rows (run last) when the shapes' sections near the time limit
 LOAD_S_PER_GB = 6  # added to the budgets of the sections that write or load a shape's weights
-CPU_KV_CACHE_BYTES = 256 << 20
-ENGINES = ("eager", "graphs")
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """How much each section measures."""
-
-    copy_bytes: int
-    copy_repeats: int
-    decode_prompt: int
-    decode_tokens: int
-    decode_repeats: int
-    step_prompt: int  # prompt length of the step profile's and the sweep's requests
-    warmup_steps: int
-    timed_steps: int
-    profiled_steps: int
-    profile_batches: tuple[int, ...]
-    sweep_max_batch: int
-    requests: int
-    prompt_lens: tuple[int, int]
-    output_lens: tuple[int, int]
-    hf_batch: int
-    spec_prompts: int
-    spec_tokens: int
-
-
-FULL = Sizes(
-    copy_bytes=2 << 30, copy_repeats=10,
-    decode_prompt=32, decode_tokens=128, decode_repeats=3,
-    step_prompt=128, warmup_steps=3, timed_steps=20, profiled_steps=10, profile_batches=(1, 64),
-    sweep_max_batch=256,
-    requests=256, prompt_lens=(100, 1024), output_lens=(100, 1024), hf_batch=64,
-    spec_prompts=4, spec_tokens=96,
-)  # fmt: skip
-QUICK = Sizes(
-    copy_bytes=64 << 20, copy_repeats=3,
-    decode_prompt=8, decode_tokens=16, decode_repeats=2,
-    step_prompt=16, warmup_steps=2, timed_steps=5, profiled_steps=3, profile_batches=(1, 4),
-    sweep_max_batch=8,
-    requests=16, prompt_lens=(8, 48), output_lens=(8, 48), hf_batch=8,
-    spec_prompts=1, spec_tokens=16,
-)  # fmt: skip
-
-
-def label(kind: str, device: str) -> str:
-    if kind == "hf":
-        return "HF transformers generate"
-    if kind == "eager":
-        return "this engine, enforce_eager=True"
-    return "this engine, enforce_eager=False" + (
-        " (CUDA graphs)" if device.startswith("cuda") else " (no graphs on a CPU)"
-    )
 
 
 def measure_copy_bandwidth(device: str, nbytes: int, repeats: int) -> dict:
@@ -130,118 +76,6 @@ def measure_copy_bandwidth(device: str, nbytes: int, repeats: int) -> dict:
     return {"bytes": nbytes, "repeats": repeats, "copy_GBps": 2 * nbytes / statistics.median(times) / 1e9}
 
 
-class ShapeModels:
-    """One shape's checkpoint folder and, built on first use, its engines ("eager", "graphs") and HF model."""
-
-    def __init__(self, name: str, folder: Path, device: str, sizes: Sizes, max_num_seqs: int):
-        self.name, self.folder, self.device, self.sizes, self.max_num_seqs = (
-            name,
-            folder,
-            device,
-            sizes,
-            max_num_seqs,
-        )
-        self.dtype = EngineConfig(device=device).dtype
-        self.built: dict = {}
-
-    def write(self, section: Section) -> None:
-        start = time.perf_counter()
-        if self.name == "bundled":
-            _, self.shape = write_bundled_checkpoint(self.folder)
-        else:
-            self.shape = SHAPES[self.name]
-            write_random_checkpoint(self.shape, self.folder, self.device)
-        s = self.sizes
-        longest = max(
-            sum(r[1] for r in (s.prompt_lens, s.output_lens)),
-            s.decode_prompt + s.decode_tokens,
-            s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
-        )
-        self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
-        self.kv_cache_bytes = self._kv_cache_bytes()
-        section.out.update(
-            shape=self.name,
-            source=self.shape.source,
-            config=self.shape.hf_config(),
-            weights="its Q4_1 weights dequantized to bfloat16"
-            if self.name == "bundled"
-            else "random bfloat16 weights",
-            weight_bytes=self.shape.weight_bytes(),
-            write_s=time.perf_counter() - start,
-            dtype=self.dtype,
-            kv_cache_bytes=self.kv_cache_bytes,
-            max_model_len=self.max_model_len,
-        )
-
-    def _kv_cache_bytes(self) -> int:
-        """On a GPU: what is left of 80% of its memory after three copies of the weights (two engines and HF)
-        and HF's cache for one static batch, split between the two engines (2-40 GiB each)."""
-        if not self.device.startswith("cuda"):
-            return CPU_KV_CACHE_BYTES
-        shape = self.shape
-        total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
-        hf_cache = (
-            self.sizes.hf_batch
-            * self.max_model_len
-            * 2
-            * shape.num_layers
-            * shape.num_kv_heads
-            * shape.head_dim
-            * 2
-        )
-        each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
-        return int(min(max(each, 2 << 30), 40 << 30))
-
-    def llm(self, kind: str):
-        if kind not in self.built:
-            from ..llm import LLM
-
-            self.built[kind] = LLM(
-                model=str(self.folder),
-                skip_tokenizer_init=True,
-                device=self.device,
-                max_num_seqs=self.max_num_seqs,
-                max_model_len=self.max_model_len,
-                kv_cache_memory=self.kv_cache_bytes,
-                enforce_eager=kind == "eager",
-            )
-        return self.built[kind]
-
-    def hf(self):
-        if "hf" not in self.built:
-            from transformers import AutoModelForCausalLM
-            from transformers.utils import logging
-
-            logging.set_verbosity_error()
-            logging.disable_progress_bar()
-            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, self.dtype))
-            self.built["hf"] = model.to(self.device).eval()
-        return self.built["hf"]
-
-    def release(self, *kinds: str) -> None:
-        for kind in kinds or list(self.built):
-            self.built.pop(kind, None)
-        gc.collect()
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-
-    def batches(self, wanted) -> list[int]:
-        return [b for b in wanted if b <= self.max_num_seqs]
-
-
-def _hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, sync) -> None:
-    with torch.inference_mode():
-        model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    sync()
-
-
 def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: Section) -> None:
     s, device, sync = models.sizes, models.device, device_sync(models.device)
     prompt = random_prompts(1, s.decode_prompt, models.shape.vocab_size, seed=1)[0]
@@ -251,7 +85,7 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
         llm = models.llm(kind)
         runs[kind] = lambda n, llm=llm: (llm.generate([prompt], greedy(n), use_tqdm=False), sync())
     ids = torch.tensor([prompt], device=device)
-    runs["hf"] = lambda n: _hf_generate(models.hf(), ids, torch.ones_like(ids), n, sync)
+    runs["hf"] = lambda n: hf_generate(models.hf(), ids, torch.ones_like(ids), n, sync)
     speeds = decode_speeds(runs, s.decode_tokens, s.decode_repeats)
     weight_bytes = decode_bytes_per_token(models.llm("graphs").engine.model)
     roofline = bandwidth_GBps * 1e9 / weight_bytes if bandwidth_GBps else None
@@ -329,146 +163,6 @@ def measure_sweep(models: ShapeModels, section: Section) -> None:
     for kind in ENGINES:
         for batch in batches:
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
-
-
-def nano_vllm_workload(sizes: Sizes, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """(prompts, output lengths): random token ids below min(10,000, vocab), lengths uniform in the ranges."""
-    rng = random.Random(seed)
-    top = min(10_000, vocab_size)
-    prompts = [
-        [rng.randrange(top) for _ in range(rng.randint(*sizes.prompt_lens))] for _ in range(sizes.requests)
-    ]
-    return prompts, [rng.randint(*sizes.output_lens) for _ in range(sizes.requests)]
-
-
-def measure_throughput(models: ShapeModels, section: Section) -> None:
-    s, device, sync = models.sizes, models.device, device_sync(models.device)
-    prompts, output_lens = nano_vllm_workload(s, models.shape.vocab_size)
-    lo_in, hi_in = s.prompt_lens
-    lo_out, hi_out = s.output_lens
-    section.out["workload"] = {
-        "description": f"nano-vllm's workload: random token ids, prompt lengths uniform in [{lo_in}, "
-        f"{hi_in}], output lengths uniform in [{lo_out}, {hi_out}] (seed 0), greedy, EOS ignored",
-        "requests": len(prompts),
-        "prompt_tokens": sum(map(len, prompts)),
-        "output_tokens": sum(output_lens),
-    }
-    rows = section.out["rows"] = []
-    models.release("eager")  # room for HF's static batches
-    llm = models.llm("graphs")
-    warm_up = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    llm.generate(random_prompts(2, 16, models.shape.vocab_size, seed=7), warm_up, use_tqdm=False)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
-    sync()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    sync()
-    wall = time.perf_counter() - start
-    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    if produced != sum(output_lens):
-        raise RuntimeError(f"the engine produced {produced} tokens, the workload asks for {sum(output_lens)}")
-    rows.append(
-        {
-            "engine": "graphs",
-            "label": label("graphs", device) + f", max_num_seqs={models.max_num_seqs}",
-            "requests": len(prompts),
-            "output_tokens": produced,
-            "wall_s": wall,
-            "output_tok_s": produced / wall,
-        }
-    )
-    hf = models.hf()
-    warm_ids = torch.ones(2, 4, dtype=torch.long, device=device)
-    _hf_generate(hf, warm_ids, torch.ones_like(warm_ids), 2, sync)
-    done, useful, wall, last = 0, 0, 0.0, 0.0
-    while done < len(prompts) and (done == 0 or section.seconds_left() > 1.5 * last):
-        batch, wanted = prompts[done : done + s.hf_batch], output_lens[done : done + s.hf_batch]
-        width = max(map(len, batch))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)  # left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        start = time.perf_counter()
-        _hf_generate(hf, ids, mask, max(wanted), sync)  # the batch holds every slot until its longest is done
-        last = time.perf_counter() - start
-        done, useful, wall = done + len(batch), useful + sum(wanted), wall + last
-    batches = -(-len(prompts) // s.hf_batch)
-    rows.append(
-        {
-            "engine": "hf",
-            "label": f"HF generate, static batches of {s.hf_batch} in arrival order (left-padded, "
-            f"unsorted): the first {-(-done // s.hf_batch)} of {batches}",
-            "requests": done,
-            "output_tokens": useful,
-            "wall_s": wall,
-            "output_tok_s": useful / wall,
-        }
-    )
-    section.out["ratio_vs_hf"] = rows[0]["output_tok_s"] / rows[1]["output_tok_s"]
-
-
-def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:
-    """Plain (the engine's default), n-gram and EAGLE chain decoding of held-back prompts, bundled model."""
-    from ..llm import LLM
-    from ..model import loader
-    from ..speculative.eagle import DATA_DIR
-
-    try:
-        loader.bundled_model_path()
-    except FileNotFoundError as missing:
-        raise SectionSkipped(
-            f"the EAGLE and n-gram rows need the bundled model ({loader.INSTALL_HINT})"
-        ) from missing
-    held_back = [json.loads(line)["prompt"] for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
-    methods = {
-        "plain": {},
-        "n-gram k=3": dict(speculative="ngram", num_speculative_tokens=3),
-        "EAGLE chain k=3": dict(speculative="eagle", num_speculative_tokens=3),
-    }
-    engines = {
-        name: LLM(
-            device=device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=CPU_KV_CACHE_BYTES, **opts
-        )
-        for name, opts in methods.items()
-    }
-    sync, tokenizer = device_sync(device), engines["plain"].tokenizer
-    params = SamplingParams(temperature=0, max_tokens=sizes.spec_tokens, ignore_eos=True)
-    totals = {
-        name: {"seconds": 0.0, "tokens": 0, "passes": 0, "verified": 0, "differ": 0} for name in methods
-    }
-    for llm in engines.values():
-        llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    for text in held_back[: sizes.spec_prompts]:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        outputs = {}
-        for name, llm in engines.items():
-            sync()
-            start = time.perf_counter()
-            out = llm.generate(prompt, params, use_tqdm=False)[0]
-            sync()
-            t = totals[name]
-            t["seconds"] += time.perf_counter() - start
-            t["tokens"] += len(out.outputs[0].token_ids)
-            t["passes"] += out.metrics.num_verify_passes
-            t["verified"] += out.metrics.num_verified_tokens
-            outputs[name] = out.outputs[0].token_ids
-        for name in methods:
-            totals[name]["differ"] += outputs[name] != outputs["plain"]
-    plain = totals["plain"]["tokens"] / totals["plain"]["seconds"]
-    section.out.update(
-        model=f"bundled {loader.BUNDLED_FILE}, {engines['plain'].engine.config.dtype}",
-        prompts=min(sizes.spec_prompts, len(held_back)),
-        max_tokens=sizes.spec_tokens,
-    )
-    section.out["rows"] = [
-        {
-            "method": name,
-            "enforce_eager": engines[name].engine.config.enforce_eager,
-            "tok_s": t["tokens"] / t["seconds"],
-            "speedup": t["tokens"] / t["seconds"] / plain,
-            "tau": t["verified"] / t["passes"] if t["passes"] else 1.0,
-            "outputs_differing": t["differ"],
-        }
-        for name, t in totals.items()
-    ]
 
 
 def bench_shape(

@@ -1,0 +1,182 @@
+"""What a ``bench gpu`` run measures with: how much (``Sizes``), and one shape's models, built on first use:
+its checkpoint folder, this engine eager and with its default (CUDA graphs), and Hugging Face ``transformers``
+on the same folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import EngineConfig
+from .gpu_report import Section
+from .model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
+
+CPU_KV_CACHE_BYTES = 256 << 20
+ENGINES = ("eager", "graphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How much each section measures."""
+
+    copy_bytes: int
+    copy_repeats: int
+    decode_prompt: int
+    decode_tokens: int
+    decode_repeats: int
+    step_prompt: int  # prompt length of the step profile's and the sweep's requests
+    warmup_steps: int
+    timed_steps: int
+    profiled_steps: int
+    profile_batches: tuple[int, ...]
+    sweep_max_batch: int
+    requests: int
+    prompt_lens: tuple[int, int]
+    output_lens: tuple[int, int]
+    hf_batch: int
+    spec_prompts: int
+    spec_tokens: int
+
+
+FULL = Sizes(
+    copy_bytes=2 << 30, copy_repeats=10,
+    decode_prompt=32, decode_tokens=128, decode_repeats=3,
+    step_prompt=128, warmup_steps=3, timed_steps=20, profiled_steps=10, profile_batches=(1, 64),
+    sweep_max_batch=256,
+    requests=256, prompt_lens=(100, 1024), output_lens=(100, 1024), hf_batch=64,
+    spec_prompts=4, spec_tokens=96,
+)  # fmt: skip
+QUICK = Sizes(
+    copy_bytes=64 << 20, copy_repeats=3,
+    decode_prompt=8, decode_tokens=16, decode_repeats=2,
+    step_prompt=16, warmup_steps=2, timed_steps=5, profiled_steps=3, profile_batches=(1, 4),
+    sweep_max_batch=8,
+    requests=16, prompt_lens=(8, 48), output_lens=(8, 48), hf_batch=8,
+    spec_prompts=1, spec_tokens=16,
+)  # fmt: skip
+
+
+def label(kind: str, device: str) -> str:
+    if kind == "hf":
+        return "HF transformers generate"
+    if kind == "eager":
+        return "this engine, enforce_eager=True"
+    return "this engine, enforce_eager=False" + (
+        " (CUDA graphs)" if device.startswith("cuda") else " (no graphs on a CPU)"
+    )
+
+
+class ShapeModels:
+    """One shape's checkpoint folder and, built on first use, its engines ("eager", "graphs") and HF model."""
+
+    def __init__(self, name: str, folder: Path, device: str, sizes: Sizes, max_num_seqs: int):
+        self.name, self.folder, self.device, self.sizes, self.max_num_seqs = (
+            name,
+            folder,
+            device,
+            sizes,
+            max_num_seqs,
+        )
+        self.dtype = EngineConfig(device=device).dtype
+        self.built: dict = {}
+
+    def write(self, section: Section) -> None:
+        start = time.perf_counter()
+        if self.name == "bundled":
+            _, self.shape = write_bundled_checkpoint(self.folder)
+        else:
+            self.shape = SHAPES[self.name]
+            write_random_checkpoint(self.shape, self.folder, self.device)
+        s = self.sizes
+        longest = max(
+            sum(r[1] for r in (s.prompt_lens, s.output_lens)),
+            s.decode_prompt + s.decode_tokens,
+            s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
+        )
+        self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
+        self.kv_cache_bytes = self._kv_cache_bytes()
+        section.out.update(
+            shape=self.name,
+            source=self.shape.source,
+            config=self.shape.hf_config(),
+            weights="its Q4_1 weights dequantized to bfloat16"
+            if self.name == "bundled"
+            else "random bfloat16 weights",
+            weight_bytes=self.shape.weight_bytes(),
+            write_s=time.perf_counter() - start,
+            dtype=self.dtype,
+            kv_cache_bytes=self.kv_cache_bytes,
+            max_model_len=self.max_model_len,
+        )
+
+    def _kv_cache_bytes(self) -> int:
+        """On a GPU: what is left of 80% of its memory after three copies of the weights (two engines and HF)
+        and HF's cache for one static batch, split between the two engines (2-40 GiB each)."""
+        if not self.device.startswith("cuda"):
+            return CPU_KV_CACHE_BYTES
+        shape = self.shape
+        total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
+        hf_cache = (
+            self.sizes.hf_batch
+            * self.max_model_len
+            * 2
+            * shape.num_layers
+            * shape.num_kv_heads
+            * shape.head_dim
+            * 2
+        )
+        each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
+        return int(min(max(each, 2 << 30), 40 << 30))
+
+    def llm(self, kind: str):
+        if kind not in self.built:
+            from ..llm import LLM
+
+            self.built[kind] = LLM(
+                model=str(self.folder),
+                skip_tokenizer_init=True,
+                device=self.device,
+                max_num_seqs=self.max_num_seqs,
+                max_model_len=self.max_model_len,
+                kv_cache_memory=self.kv_cache_bytes,
+                enforce_eager=kind == "eager",
+            )
+        return self.built[kind]
+
+    def hf(self):
+        if "hf" not in self.built:
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging
+
+            logging.set_verbosity_error()
+            logging.disable_progress_bar()
+            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, self.dtype))
+            self.built["hf"] = model.to(self.device).eval()
+        return self.built["hf"]
+
+    def release(self, *kinds: str) -> None:
+        for kind in kinds or list(self.built):
+            self.built.pop(kind, None)
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def batches(self, wanted) -> list[int]:
+        return [b for b in wanted if b <= self.max_num_seqs]
+
+
+def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, sync) -> None:
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    sync()
