@@ -10,6 +10,7 @@ block, and every live request reads its own tokens back through its block table.
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 from fake_request import FakeRequest
@@ -37,6 +38,16 @@ def manager_class(load):
     return load("cache.kv_cache_manager").KVCacheManager
 
 
+def expect_value_error(call, match: str, why: str) -> None:
+    """``call()`` must raise a ValueError whose message matches ``match``; fail with ``why`` otherwise."""
+    try:
+        call()
+    except ValueError as error:
+        assert re.search(match, str(error)), f"{why}; the ValueError must name it ({match!r}), got: {error}"
+        return
+    raise AssertionError(f"{why}, but no ValueError was raised")
+
+
 # ---------------------------------------------------------------- the allocator alone
 
 
@@ -44,7 +55,7 @@ def test_allocator_never_hands_out_the_null_block(allocator_module):
     allocator = allocator_module.BlockAllocator(5)
     blocks = [allocator.allocate() for _ in range(4)]
     assert sorted(blocks) == [1, 2, 3, 4], "blocks 1..num_blocks-1 are handed out; block 0 is the reserved null block"
-    assert allocator.num_free == 0
+    assert allocator.num_free == 0, f"4 of 4 blocks handed out, yet num_free is {allocator.num_free}"
     with pytest.raises(RuntimeError):
         allocator.allocate()
 
@@ -53,21 +64,23 @@ def test_decref_rejects_double_free_and_foreign_blocks(allocator_module):
     allocator = allocator_module.BlockAllocator(4)
     block = allocator.allocate()
     assert allocator.decref(block) == 0, "decref returns the new reference count"
-    with pytest.raises(ValueError, match=rf"\b{block}\b"):
-        allocator.decref(block)  # a double free must raise, naming the block
+    expect_value_error(
+        lambda: allocator.decref(block), rf"\b{block}\b", f"decref of block {block} at count 0 is a double free"
+    )
     for foreign in (0, 4, -1, 99):
-        with pytest.raises(ValueError, match=rf"{foreign}"):
-            allocator.decref(foreign)
+        why = f"decref({foreign}) names no block of this allocator (1..3): reject it (self._check)"
+        expect_value_error(lambda foreign=foreign: allocator.decref(foreign), rf"{foreign}", why)
 
 
 def test_decref_holds_a_block_until_it_is_released(allocator_module):
     allocator = allocator_module.BlockAllocator(3)
     block = allocator.allocate()
     allocator.incref(block)
-    assert allocator.decref(block) == 1 and allocator.decref(block) == 0
+    counts = [allocator.decref(block), allocator.decref(block)]
+    assert counts == [1, 0], f"two decrefs of a block with count 2 returned {counts}, expected the new counts [1, 0]"
     assert block not in allocator.free_blocks(), "decref to 0 holds the block; only release() puts it back"
     allocator.release(block)
-    assert block in allocator.free_blocks()
+    assert block in allocator.free_blocks(), "release puts a held block back on the free list"
     with pytest.raises(ValueError, match="already free"):
         allocator.release(block)
 
@@ -93,7 +106,8 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
             elif op == "decref" and used:
                 block = used[pick % len(used)]
                 refs[block] -= 1
-                assert allocator.decref(block) == refs[block]
+                count = allocator.decref(block)
+                assert count == refs[block], f"decref({block}) returned {count}, expected its new count {refs[block]}"
                 if refs[block] == 0:
                     held.add(block)
             elif op == "release" and held:
@@ -105,7 +119,9 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
             assert sorted(free + [b for b in range(1, num_blocks) if refs[b]] + sorted(held)) == list(
                 range(1, num_blocks)
             ), "every block must be exactly one of: free, in use, held"
-            assert allocator.ref_counts[1:] == refs[1:]
+            assert allocator.ref_counts[1:] == refs[1:], (
+                f"reference counts {allocator.ref_counts[1:]}, expected {refs[1:]} after {op}: decref subtracts one"
+            )
 
     run()
 
@@ -117,20 +133,23 @@ def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager
     manager = manager_class(num_blocks=10, block_size=4, enable_prefix_caching=False)
     parent = FakeRequest("p", list(range(10)))
     assert manager.get_computed_tokens(parent) == 0
-    assert manager.allocate_slots(parent, 10)
+    assert manager.allocate_slots(parent, 10), "10 tokens, 9 blocks free: allocate_slots must succeed"
     parent.num_computed = 10
     child = FakeRequest("c", parent.token_ids, num_computed=10)
     manager.fork(parent, child)
     assert manager.block_table("c") == manager.block_table("p"), "a forked child starts with its parent's table"
     assert all(manager.allocator.ref_counts[b] == 2 for b in manager.block_table("p")), "fork increfs every block"
     used = manager.num_used_blocks
-    assert manager.allocate_slots(child, 1)  # token 10 lands in block 2 (positions 8..11), shared
+    # token 10 lands in block 2 (positions 8..11), shared
+    assert manager.allocate_slots(child, 1), "one token after a fork, 7 blocks free: allocate_slots must succeed"
     child_table, parent_table = manager.block_table("c"), manager.block_table("p")
     assert child_table[:2] == parent_table[:2], "full blocks the child does not write stay shared"
     assert child_table[2] != parent_table[2], "copy-on-write: the written block must be replaced by a fresh one"
     assert manager.take_copies() == [(parent_table[2], child_table[2])], "queue (src, dst) for the runner"
     assert manager.take_copies() == [], "take_copies clears the queue"
-    assert manager.num_used_blocks == used + 1
+    assert manager.num_used_blocks == used + 1, (
+        f"{manager.num_used_blocks} blocks in use after one copy-on-write, expected {used + 1}: one fresh block"
+    )
     assert manager.allocator.ref_counts[parent_table[2]] == 1, "the child dropped its reference to the source"
 
 
@@ -142,8 +161,11 @@ def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
     parent.num_computed = 8
     child = FakeRequest("c", parent.token_ids, num_computed=8)
     manager.fork(parent, child)
-    assert manager.allocate_slots(child, 1)
-    assert len(manager.block_table("c")) == 3 and manager.block_table("c")[:2] == manager.block_table("p")
+    assert manager.allocate_slots(child, 1), "one token after a fork, 7 blocks free: allocate_slots must succeed"
+    assert len(manager.block_table("c")) == 3 and manager.block_table("c")[:2] == manager.block_table("p"), (
+        f"the child's table {manager.block_table('c')} after writing position 8: the parent's two full blocks, "
+        "shared, then one new block"
+    )
     assert manager.take_copies() == [], "a new block needs no copy: nothing of the child's is in it yet"
 
 
@@ -152,15 +174,17 @@ def test_free_returns_every_block_and_double_free_raises(manager_class):
     a, b = FakeRequest("a", [1, 2, 3]), FakeRequest("b", [4, 5, 6, 7])
     for r in (a, b):
         manager.get_computed_tokens(r)
-        assert manager.allocate_slots(r, r.num_tokens)
+        assert manager.allocate_slots(r, r.num_tokens), f"no room for {r.request_id}'s tokens"
         r.num_computed = r.num_tokens
-    assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4
+    assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4, "3 + 4 tokens in blocks of 2: 4 blocks"
     manager.free(a)
     manager.free(b)
     assert manager.num_free_blocks == 5 and manager.num_used_blocks == 0, "free must return every block"
-    assert sorted(manager.allocator.free_blocks()) == [1, 2, 3, 4, 5]
-    with pytest.raises(ValueError, match="'a'"):
-        manager.free(a)
+    assert sorted(manager.allocator.free_blocks()) == [1, 2, 3, 4, 5], (
+        f"free list {sorted(manager.allocator.free_blocks())} after freeing everything (prefix caching off): "
+        "a block at count 0 that is not cached goes back to the allocator's free list (release)"
+    )
+    expect_value_error(lambda: manager.free(a), "'a'", "freeing request 'a' a second time")
 
 
 def test_allocate_slots_is_all_or_nothing(manager_class):
@@ -172,7 +196,7 @@ def test_allocate_slots_is_all_or_nothing(manager_class):
     manager.get_computed_tokens(b)
     assert not manager.allocate_slots(b, 8), "2 blocks wanted, 1 free: must refuse"
     assert manager.block_table("b") == [] and manager.num_free_blocks == 1, "a refusal must change nothing"
-    assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1
+    assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1, "1 block wanted, 1 free: must succeed"
 
 
 def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
@@ -185,8 +209,10 @@ def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
     manager.fork(parent, child)
     # one free block: the child's 3 new tokens need a copy of block 1 and one more block after it
     assert not manager.allocate_slots(child, 3), "copy-on-write needs a fresh block too: 2 wanted, 1 free"
-    assert manager.block_table("c") == manager.block_table("p") and manager.take_copies() == []
-    assert manager.allocate_slots(child, 2)
+    assert manager.block_table("c") == manager.block_table("p") and manager.take_copies() == [], (
+        "a refused allocate_slots must leave the table and the copy queue as they were (all or nothing)"
+    )
+    assert manager.allocate_slots(child, 2), "2 tokens fit in the copied block: 1 fresh block wanted, 1 free"
 
 
 def test_slot_mapping_is_block_times_block_size_plus_offset(manager_class):
@@ -195,7 +221,9 @@ def test_slot_mapping_is_block_times_block_size_plus_offset(manager_class):
     manager.get_computed_tokens(a)
     manager.allocate_slots(a, 6)
     table = manager.block_table("a")
-    assert manager.slot_mapping("a", 0, 6) == [table[p // 4] * 4 + p % 4 for p in range(6)]
+    assert manager.slot_mapping("a", 0, 6) == [table[p // 4] * 4 + p % 4 for p in range(6)], (
+        "position p's slot is table[p // block_size] * block_size + p % block_size"
+    )
     with pytest.raises(ValueError, match="outside"):
         manager.slot_mapping("a", 0, 9)
 
@@ -334,6 +362,11 @@ def manager_machine(manager_class):
             listed = collections.Counter(b for t in tables.values() for b in t)
             assert 0 not in listed, "block 0 is the null block: it must never appear in a block table"
             free, evictable = m.allocator.free_blocks(), m.prefix_cache.evictable_blocks()
+            cached_but_free = [b for b in free if m.prefix_cache.is_cached(b)]
+            assert not cached_but_free, (
+                f"blocks {cached_but_free} are on the free list but still in the prefix cache: a cached block whose "
+                "count reaches 0 waits on the LRU (prefix_cache.park) and is forgotten only when evicted"
+            )
             in_use = sorted(listed)
             everything = sorted(free + evictable + in_use)
             assert everything == list(range(1, m.num_blocks)), (
@@ -345,7 +378,9 @@ def manager_machine(manager_class):
                     f"block {block} has reference count {m.allocator.ref_counts[block]} "
                     f"but {listed[block]} tables list it"
                 )
-            assert m.num_used_blocks == len(in_use) and m.num_free_blocks == len(free) + len(evictable)
+            assert m.num_used_blocks == len(in_use) and m.num_free_blocks == len(free) + len(evictable), (
+                "num_used_blocks / num_free_blocks disagree with the blocks listed, free and evictable"
+            )
 
         @invariant()
         def every_request_reads_its_own_tokens(self):

@@ -26,7 +26,7 @@ def run(manager, request: FakeRequest) -> int:
     """Admit ``request``, compute all its tokens in one step, register its full blocks; return the hit."""
     hit = manager.get_computed_tokens(request)
     request.num_computed = hit
-    assert manager.allocate_slots(request, request.num_tokens - hit)
+    assert manager.allocate_slots(request, request.num_tokens - hit), f"no room for {request.request_id}'s tokens"
     request.num_computed = request.num_tokens
     manager.cache_full_blocks(request)
     return hit
@@ -69,7 +69,7 @@ def test_same_prefix_reuses_the_same_blocks(manager_class):
     manager = manager_class(num_blocks=16, block_size=BS)
     system = list(range(100, 112))  # three full blocks
     first = FakeRequest("a", system + [1, 2])
-    assert run(manager, first) == 0
+    assert run(manager, first) == 0, "the first request finds nothing cached"
     second = FakeRequest("b", system + [3, 4, 5])
     assert run(manager, second) == 12, "the three full blocks of the shared prefix must be reused"
     assert manager.block_table("b")[:3] == manager.block_table("a")[:3]
@@ -109,7 +109,7 @@ def test_a_duplicate_block_stays_uncached(manager_class):
     tokens = list(range(9))
     a, b = FakeRequest("a", tokens), FakeRequest("b", tokens)
     for r in (a, b):  # both admitted before either computed anything: no hit for b
-        assert manager.get_computed_tokens(r) == 0
+        assert manager.get_computed_tokens(r) == 0, "nothing is cached before either request computed a block"
     for r in (a, b):
         manager.allocate_slots(r, r.num_tokens)
         r.num_computed = r.num_tokens
@@ -163,7 +163,7 @@ def test_truncate_drops_blocks_and_a_rewritten_cached_block_is_uncached(manager_
     assert manager.block_table("a") == table[:2] and manager.num_free_blocks == free_before + 1
     assert manager.prefix_cache.is_cached(table[1]), "block 1 still holds the tokens its key names"
     a.token_ids, a.num_computed = a.token_ids[:6] + [-1, -2], 6
-    assert manager.allocate_slots(a, 2)
+    assert manager.allocate_slots(a, 2), "2 tokens into a block 'a' holds alone: no new block needed"
     assert manager.block_table("a")[1] == table[1] and not manager.prefix_cache.is_cached(table[1]), (
         "writing into a cached block held by this request alone must first forget its key"
     )
@@ -178,7 +178,7 @@ def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manag
     run(manager, a)
     manager.truncate(a, 5)  # the drafts after position 4 were rejected: blocks 0 and 1 (partly) stay
     a.token_ids, a.num_computed = original[:5] + [-1, -2, -3, -4, -5, -6, -7, -8], 5
-    assert manager.allocate_slots(a, 8)
+    assert manager.allocate_slots(a, 8), "8 tokens after truncation, 13 blocks free: allocate_slots must succeed"
     a.num_computed = 13
     manager.cache_full_blocks(a)
     assert run(manager, FakeRequest("new", a.token_ids + [0])) == 12, (
