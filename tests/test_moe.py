@@ -11,16 +11,41 @@ import torch
 # ---------------------------------------------------------------- router and balance loss (Lab 5)
 
 
+def rounded(t: torch.Tensor) -> list:
+    return [[round(x, 3) for x in row] for row in t.tolist()]
+
+
+def expect_close_lists(actual: torch.Tensor, expected: torch.Tensor, what: str, likely: str) -> None:
+    """Compare small tensors as rounded lists, so a failure reads as numbers and a likely cause."""
+    if actual.shape != expected.shape or not torch.allclose(actual.float(), expected.float(), atol=1e-5):
+        raise AssertionError(f"{what}: got {rounded(actual)}, expected {rounded(expected)}. Likely: {likely}")
+
+
 @pytest.mark.lab5
 def test_route_picks_top_k_and_renormalises_by_hand(load):
     router = load("model.moe_router")
     probs = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
     routing = router.route(probs.log(), top_k=2)
-    assert routing.experts.tolist() == [[1, 2], [0, 2]]
-    torch.testing.assert_close(routing.weights, torch.tensor([[0.6 / 0.9, 0.3 / 0.9], [0.5 / 0.8, 0.3 / 0.8]]))
-    torch.testing.assert_close(routing.probs, probs)
+    assert routing.experts.tolist() == [[1, 2], [0, 2]], (
+        f"chosen experts {routing.experts.tolist()}, expected [[1, 2], [0, 2]]: each token's top_k experts by "
+        "probability over the experts (the last dim), most probable first"
+    )
+    expect_close_lists(
+        routing.probs, probs, "probs", "softmax over the experts (dim=-1) of every token's logits, in float32"
+    )
+    expect_close_lists(
+        routing.weights,
+        torch.tensor([[0.6 / 0.9, 0.3 / 0.9], [0.5 / 0.8, 0.3 / 0.8]]),
+        "weights with renormalize=True",
+        "the top_k probabilities divided by their sum, so each token's weights add up to 1",
+    )
     raw = router.route(probs.log(), top_k=2, renormalize=False)
-    torch.testing.assert_close(raw.weights, torch.tensor([[0.6, 0.3], [0.5, 0.3]]))
+    expect_close_lists(
+        raw.weights,
+        torch.tensor([[0.6, 0.3], [0.5, 0.3]]),
+        "weights with renormalize=False",
+        "the top_k probabilities themselves (renormalize only when asked)",
+    )
 
 
 @pytest.mark.lab5
@@ -28,9 +53,15 @@ def test_route_computes_in_float32_and_names_bad_k(load):
     router = load("model.moe_router")
     logits = torch.randn(5, 4, dtype=torch.bfloat16)
     routing = router.route(logits, top_k=4)
-    assert routing.weights.dtype == torch.float32 and routing.experts.dtype == torch.int64
-    torch.testing.assert_close(routing.weights.sum(-1), torch.ones(5))
-    assert sorted(routing.experts[0].tolist()) == [0, 1, 2, 3]
+    assert routing.weights.dtype == torch.float32 and routing.probs.dtype == torch.float32, (
+        f"weights {routing.weights.dtype}, probs {routing.probs.dtype} from bfloat16 logits: softmax in float32 "
+        "(logits.float()); bfloat16 keeps 8 bits of mantissa, too few to rank close experts"
+    )
+    assert routing.experts.dtype == torch.int64, f"experts must be int64 indices, got {routing.experts.dtype}"
+    expect_close_lists(
+        routing.weights.sum(-1, keepdim=True), torch.ones(5, 1), "each token's weights summed", "renormalise"
+    )
+    assert sorted(routing.experts[0].tolist()) == [0, 1, 2, 3], "with top_k = E every expert is chosen once"
     with pytest.raises(ValueError, match="top_k"):
         router.route(logits, top_k=5)
 
@@ -43,13 +74,21 @@ def test_balance_loss_against_hand_computed_values(load):
     routing = router.route(probs.log(), top_k=1)
     p_mean = [(0.9 + 0.8 + 0.6 + 0.3) / 4, (0.1 + 0.2 + 0.4 + 0.7) / 4]
     expected = 0.01 * 2 * (0.75 * p_mean[0] + 0.25 * p_mean[1])
-    assert math.isclose(router.load_balancing_loss(routing, alpha=0.01).item(), expected, rel_tol=1e-6)
-    # top-2 of 3 experts: the 4 assignments [1, 2, 0, 2] -> f = [1/4, 1/4, 2/4]
-    probs = torch.tensor([[0.2, 0.5, 0.3], [0.4, 0.1, 0.5]])
+    loss = router.load_balancing_loss(routing, alpha=0.01).item()
+    assert math.isclose(loss, expected, rel_tol=1e-6), (
+        f"top-1 of 2 experts, choices [0, 0, 0, 1]: loss {loss:.6f}, expected {expected:.6f} = alpha * E * sum(f * P) "
+        "with f = [3/4, 1/4] (the share of assignments each expert got) and P the mean probability per expert"
+    )
+    # top-2 of 3 experts: the 6 assignments [0, 1, 0, 1, 2, 1] -> f = [2/6, 3/6, 1/6] (first choices alone: [2/3, 0, 1/3])
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.2, 0.3, 0.5]])
     routing = router.route(probs.log(), top_k=2)
-    p_mean = [0.3, 0.3, 0.4]
-    expected = 1.0 * 3 * (0.25 * p_mean[0] + 0.25 * p_mean[1] + 0.5 * p_mean[2])
-    assert math.isclose(router.load_balancing_loss(routing, alpha=1.0).item(), expected, rel_tol=1e-6)
+    p_mean = [1.3 / 3, 0.9 / 3, 0.8 / 3]
+    expected = 1.0 * 3 * (2 / 6 * p_mean[0] + 3 / 6 * p_mean[1] + 1 / 6 * p_mean[2])
+    loss = router.load_balancing_loss(routing, alpha=1.0).item()
+    assert math.isclose(loss, expected, rel_tol=1e-6), (
+        f"top-2 of 3 experts: loss {loss:.6f}, expected {expected:.6f}: f counts all T * k assignments (here 6: "
+        "f = [2/6, 3/6, 1/6]), not only each token's first choice, and divides by T * k"
+    )
 
 
 @pytest.mark.lab5
@@ -57,9 +96,16 @@ def test_balance_loss_is_alpha_when_uniform_and_alpha_e_when_collapsed(load):
     router = load("model.moe_router")
     experts = 4
     uniform = router.route(torch.eye(experts) * 1e-3, top_k=1)  # each token its own expert, probs ~ 1/E
-    assert math.isclose(router.load_balancing_loss(uniform, alpha=0.5).item(), 0.5, rel_tol=1e-3)
+    balanced = router.load_balancing_loss(uniform, alpha=0.5).item()
+    assert math.isclose(balanced, 0.5, rel_tol=1e-3), (
+        f"perfectly balanced routing gives {balanced:.4f}, expected alpha = 0.5: E * sum(f * P) is 1 there "
+        "(is the factor E missing, or f and P not shares that sum to 1?)"
+    )
     collapsed = router.route(torch.tensor([[30.0, 0, 0, 0]] * 6), top_k=1)
-    assert math.isclose(router.load_balancing_loss(collapsed, alpha=0.5).item(), 0.5 * experts, rel_tol=1e-3)
+    one_expert = router.load_balancing_loss(collapsed, alpha=0.5).item()
+    assert math.isclose(one_expert, 0.5 * experts, rel_tol=1e-3), (
+        f"every token on one expert gives {one_expert:.4f}, expected alpha * E = {0.5 * experts}"
+    )
 
 
 @pytest.mark.lab5
@@ -68,7 +114,10 @@ def test_balance_loss_gradient_flows_through_the_probabilities_only(load):
     logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
     loss = router.load_balancing_loss(router.route(logits, top_k=2))
     loss.backward()
-    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    assert logits.grad is not None and logits.grad.abs().sum() > 0, (
+        "no gradient reached the router logits: P (the mean probabilities) must stay a differentiable tensor "
+        "(no .item(), .tolist() or torch.tensor(...) on it); f is the count part, without gradient"
+    )
 
 
 def test_capacity_drops_assignments_past_each_experts_slots(load):
@@ -91,20 +140,37 @@ def _check_permutation(perm, experts, num_experts, block):
     flat = experts.flatten().tolist()
     padding = len(flat)
     ids = perm.sorted_ids.tolist()
-    assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (block - 1)
-    assert sorted(i for i in ids if i != padding) == list(range(len(flat)))  # each assignment exactly once
+    case = f"{experts.shape[0]} tokens, top-{experts.shape[1]}, {num_experts} experts, block {block}"
+    assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (block - 1), (
+        f"{case}: {len(ids)} sorted_ids for {len(perm.block_experts)} blocks: size the buffers for the worst case "
+        "(T * k + E * (block - 1) rows, rounded up to whole blocks), one block_experts entry per block"
+    )
+    missing = sorted(set(range(len(flat))) - set(ids))
+    assert sorted(i for i in ids if i != padding) == list(range(len(flat))), (
+        f"{case}: every assignment 0..{len(flat) - 1} must appear exactly once in sorted_ids (missing {missing[:5]}); "
+        f"padding rows hold T * k = {padding}"
+    )
     for b, expert in enumerate(perm.block_experts.tolist()):
         rows = [i for i in ids[b * block : (b + 1) * block] if i != padding]
         if expert == -1:
-            assert not rows
+            assert not rows, f"{case}: block {b} is marked -1 (padding only) but holds assignments {rows}"
         else:
-            assert rows and all(flat[i] == expert for i in rows)
+            wrong = [i for i in rows if flat[i] != expert]
+            assert rows and not wrong, (
+                f"{case}: block {b} is expert {expert}'s, but holds assignments {wrong or 'none'} of other experts: "
+                "each group starts at the padded cumulative count, so no block straddles two experts"
+            )
     used = [e for e in perm.block_experts.tolist() if e != -1]
-    assert used == sorted(used)  # groups in expert order, tail blocks last
-    assert perm.counts.tolist() == [flat.count(e) for e in range(num_experts)]
+    assert used == sorted(used), f"{case}: block_experts {used} must run in expert order, padding-only blocks last"
+    assert perm.counts.tolist() == [flat.count(e) for e in range(num_experts)], (
+        f"{case}: counts {perm.counts.tolist()}: the number of assignments of each expert (bincount, minlength E)"
+    )
     for e in range(num_experts):  # a group's rows keep the assignments' order (stable sort)
         rows = [i for i in ids if i != padding and flat[i] == e]
-        assert rows == sorted(rows)
+        assert rows == sorted(rows), (
+            f"{case}: expert {e}'s rows {rows[:8]} are out of order: sort the expert ids with a stable sort "
+            "(torch.argsort(..., stable=True)), so each group keeps its assignments in token order"
+        )
 
 
 @pytest.mark.lab5
@@ -113,9 +179,14 @@ def test_permutation_by_hand(load):
     experts = torch.tensor([[2, 0], [0, 2], [0, 1]])  # flat [2, 0, 0, 2, 0, 1]
     perm = permute.permute(experts, num_experts=4, block=4)
     p = 6
-    assert perm.sorted_ids.tolist()[:12] == [1, 2, 4, p, 5, p, p, p, 0, 3, p, p]
-    assert perm.block_experts.tolist()[:3] == [0, 1, 2]
-    assert set(perm.block_experts.tolist()[3:]) <= {-1}
+    assert perm.sorted_ids.tolist()[:12] == [1, 2, 4, p, 5, p, p, p, 0, 3, p, p], (
+        f"sorted_ids {perm.sorted_ids.tolist()[:12]}..., expected [1, 2, 4, P, 5, P, P, P, 0, 3, P, P] (P = 6): "
+        "expert 0's assignments 1, 2, 4 padded to a block of 4, then expert 1's, then expert 2's"
+    )
+    assert perm.block_experts.tolist()[:3] == [0, 1, 2] and set(perm.block_experts.tolist()[3:]) <= {-1}, (
+        f"block_experts {perm.block_experts.tolist()}, expected [0, 1, 2, -1, -1]: one expert per block, -1 for "
+        "blocks of padding only (expert 3 got no token, so it has no block)"
+    )
 
 
 @pytest.mark.lab5
@@ -135,7 +206,9 @@ def test_permutation_with_an_empty_expert_and_one_taking_all(load):
     experts = torch.full((13, 1), 3)
     perm = permute.permute(experts, num_experts=5, block=4)
     _check_permutation(perm, experts, 5, 4)
-    assert perm.block_experts.tolist()[:4] == [3, 3, 3, 3]
+    assert perm.block_experts.tolist()[:4] == [3, 3, 3, 3], (
+        f"13 assignments all on expert 3 fill 4 blocks of 4, got block_experts {perm.block_experts.tolist()}"
+    )
 
 
 # ---------------------------------------------------------------- grouped kernel vs the per-expert loop
@@ -286,7 +359,10 @@ def test_lab5_exercises_are_holes_in_labs():
     """In labs/, the router, its balance loss and the permutation raise until the learner writes them."""
     import importlib
 
-    router, permute = importlib.import_module("labs.model.moe_router"), importlib.import_module("labs.kernels.moe_permute")
+    router, permute = (
+        importlib.import_module("labs.model.moe_router"),
+        importlib.import_module("labs.kernels.moe_permute"),
+    )
     with pytest.raises(NotImplementedError, match="Lab 5"):
         router.route(torch.zeros(2, 4), top_k=2)
     with pytest.raises(NotImplementedError, match="Lab 5"):
