@@ -33,6 +33,7 @@ working; a path's own layout is made from it on first use and remade if the weig
 from __future__ import annotations
 
 import copy as copy_module
+import functools
 import hashlib
 import json
 import os
@@ -150,8 +151,9 @@ class CpuLinear(nn.Linear):
 # ---- the decision cache ---------------------------------------------------------------------------
 
 
-def machine_key() -> dict[str, object]:
-    """What a decision depends on: the CPU, torch's build and threads, and the candidate list."""
+def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object]:
+    """What a decision depends on: the CPU, torch's build and threads, and the ``candidates`` compared (default:
+    this file's paths and regimes; ``model/cpu_layer_ops.py`` passes its own)."""
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -167,8 +169,7 @@ def machine_key() -> dict[str, object]:
         "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12],
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "paths": sorted(PATHS),
-        "regimes": REGIMES,
+        **(candidates if candidates is not None else {"paths": sorted(PATHS), "regimes": REGIMES}),
     }
 
 
@@ -182,33 +183,36 @@ def shape_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
     return f"{str(dtype).removeprefix('torch.')}:{out_features}x{in_features}"
 
 
-def _valid_entry(entry: object) -> bool:
-    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every regime, with known names."""
+def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
+    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every regime, with names from ``paths``."""
     if not isinstance(entry, dict) or set(entry) != REGIMES.keys():
         return False
     for pick in entry.values():
-        if not isinstance(pick, dict) or pick.get("path") not in PATHS or not isinstance(pick.get("us"), dict):
+        if not isinstance(pick, dict) or pick.get("path") not in paths or not isinstance(pick.get("us"), dict):
             return False
         if pick["path"] not in pick["us"]:
             return False
-        if not all(name in PATHS and isinstance(v, int | float) and v > 0 for name, v in pick["us"].items()):
+        if not all(name in paths and isinstance(v, int | float) and v > 0 for name, v in pick["us"].items()):
             return False
     return True
 
 
-def read_decisions(path: Path | None = None) -> dict[str, dict]:
-    """The cached decisions for this machine, or ``{}`` if the file is missing, unreadable, malformed or stale."""
+def read_decisions(
+    path: Path | None = None, machine: dict[str, object] | None = None, paths: Iterable[str] = PATHS
+) -> dict[str, dict]:
+    """The cached decisions for this machine (``machine``: a ``machine_key``, default this file's), or ``{}`` if the
+    file is missing, unreadable, malformed or stale. An entry naming a path outside ``paths`` is dropped."""
     path = path or cache_path()
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("machine") != json.loads(json.dumps(machine_key())):
+    if not isinstance(data, dict) or data.get("machine") != json.loads(json.dumps(machine or machine_key())):
         return {}
     decisions = data.get("decisions")
     if not isinstance(decisions, dict):
         return {}
-    return {key: entry for key, entry in decisions.items() if _valid_entry(entry)}
+    return {key: entry for key, entry in decisions.items() if _valid_entry(entry, set(paths))}
 
 
 def machine_busy() -> bool:
@@ -228,7 +232,12 @@ def noisy_keys(path: Path | None = None) -> set[str]:
     return {key for key in noisy if isinstance(key, str)} if isinstance(noisy, list) else set()
 
 
-def write_decisions(decisions: dict[str, dict], path: Path | None = None, busy: Iterable[str] = ()) -> None:
+def write_decisions(
+    decisions: dict[str, dict],
+    path: Path | None = None,
+    busy: Iterable[str] = (),
+    machine: dict[str, object] | None = None,
+) -> None:
     """Write atomically (a crash never leaves half a file); an unwritable cache directory is not an error.
 
     ``busy`` names the decisions measured on a busy machine: a later load on a quiet one measures them again.
@@ -237,7 +246,7 @@ def write_decisions(decisions: dict[str, dict], path: Path | None = None, busy: 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
-        content = {"machine": machine_key(), "decisions": decisions, "measured_busy": sorted(busy)}
+        content = {"machine": machine or machine_key(), "decisions": decisions, "measured_busy": sorted(busy)}
         partial.write_text(json.dumps(content, indent=1))
         partial.replace(path)
     except OSError:
@@ -247,11 +256,23 @@ def write_decisions(decisions: dict[str, dict], path: Path | None = None, busy: 
 # ---- measuring ------------------------------------------------------------------------------------
 
 
-def _seconds_per_call(calls: list[Callable[[], object]]) -> float:
+def seconds_per_call(calls: list[Callable[[], object]]) -> float:
     start = time.perf_counter()
     for call in calls:
         call()
     return (time.perf_counter() - start) / len(calls)
+
+
+def fastest_rounds(calls: dict[str, list[Callable[[], object]]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Seconds per call of each candidate's ``calls``: rounds alternate between the candidates and each keeps its
+    fastest round, so a burst of load from other processes does not decide. One warm-up pass each first."""
+    for fns in calls.values():
+        seconds_per_call(fns)  # warm up: first-call set-up, page faults
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, fns in calls.items():
+            best[name] = min(best[name], seconds_per_call(fns))
+    return best
 
 
 @torch.no_grad()
@@ -286,11 +307,7 @@ def measure_shape(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str
             if got.shape != expected.shape or (got - expected).norm() > tolerance * expected.norm():
                 continue
             calls[name] = [lambda s=s, path=path, x=x: path.apply(x, s, None) for s in stored]
-            _seconds_per_call(calls[name])  # warm up: first-call set-up, page faults
-        best = {name: float("inf") for name in calls}
-        for _ in range(rounds):
-            for name, fns in calls.items():
-                best[name] = min(best[name], _seconds_per_call(fns))
+        best = fastest_rounds(calls, rounds)
         entry[regime] = {"path": min(best, key=best.get), "us": {name: round(t * 1e6, 2) for name, t in best.items()}}
     return entry
 
@@ -299,20 +316,36 @@ def choose_paths(
     weights_by_shape: dict[tuple[int, int, torch.dtype], list[torch.Tensor]], use_cache: bool = True
 ) -> dict[str, dict]:
     """Decisions for every shape: from the cache where it has them, measured (and cached) where not."""
-    decisions = read_decisions() if use_cache else {}
-    busy = noisy_keys() & decisions.keys() if use_cache else set()
+    measures = {shape_key(*shape): functools.partial(measure_shape, ws) for shape, ws in weights_by_shape.items()}
+    return cached_decisions(measures, use_cache)
+
+
+def cached_decisions(
+    measures: dict[str, Callable[[], dict]],
+    use_cache: bool = True,
+    path: Path | None = None,
+    machine: dict[str, object] | None = None,
+    paths: Iterable[str] = PATHS,
+) -> dict[str, dict]:
+    """Every cached decision, plus ``measures[key]()`` for each key the cache lacks (then written back).
+
+    ``path``, ``machine`` and ``paths`` name another cache (default: this file's), as ``read_decisions`` takes them.
+    """
+    path = path or cache_path()
+    decisions = read_decisions(path, machine, paths) if use_cache else {}
+    busy = noisy_keys(path) & decisions.keys() if use_cache else set()
     busy_now = machine_busy()
     if not busy_now:  # decisions taken under load are noise: retake them now that the machine is quiet
         for key in busy:
             del decisions[key]
         busy = set()
-    missing = {shape_key(*shape): ws for shape, ws in weights_by_shape.items() if shape_key(*shape) not in decisions}
-    for key, weights in missing.items():
-        decisions[key] = measure_shape(weights)
+    missing = [key for key in measures if key not in decisions]
+    for key in missing:
+        decisions[key] = measures[key]()
         if busy_now:
             busy.add(key)
     if missing and use_cache:
-        write_decisions(decisions, busy=busy)
+        write_decisions(decisions, path, busy, machine)
     return decisions
 
 
