@@ -150,18 +150,19 @@ class KVCacheManager:
         written = range(start // size, min(len(table), _cdiv(end, size))) if num_new_tokens else range(0)
         shared = [index for index in written if self.allocator.ref_counts[table[index]] > 1]
         num_appended = max(0, _cdiv(end, size) - len(table))
-        if num_appended + len(shared) > self.num_free_blocks:
+        needed = num_appended + len(shared)
+        if needed and needed > self.num_free_blocks:
             return False
         for index in shared:
             self._copy_on_write(table, index, start)
         for index in written:
             if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
                 self.prefix_cache.uncache(table[index])
-        table.extend(self._take_free_block() for _ in range(num_appended))
-        if num_appended or shared or request_id not in self._tables:
+        if needed or request_id not in self._tables:
+            table.extend(self._take_free_block() for _ in range(num_appended))
             self._changed.add(request_id)
-        self._tables[request_id] = table
-        self._keys.setdefault(request_id, [])
+            self._tables[request_id] = table
+            self._keys.setdefault(request_id, [])
         return True
 
     def cache_full_blocks(self, request) -> None:

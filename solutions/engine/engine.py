@@ -52,8 +52,17 @@ class Engine:
         weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
         self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
-        self.model = LlamaModel.from_state_dict(weights.config, weights.state_dict, config.device, config.torch_dtype)
-        if config.quantization:
+        self.workers = None  # Lesson 9: the other tensor-parallel ranks' processes, when tensor_parallel_size > 1
+        if config.tensor_parallel_size > 1:
+            from ..parallel.executor import TensorParallelExecutor  # here, so a one-device engine starts no process
+
+            self.workers = TensorParallelExecutor(config, weights)  # spawns the workers; rank 0's shard is its model
+            self.model = self.workers.model
+        else:
+            self.model = LlamaModel.from_state_dict(
+                weights.config, weights.state_dict, config.device, config.torch_dtype
+            )
+        if config.quantization and self.workers is None:
             from ..quant.model import quantize_named_model  # here, so `python -m solutions.quant.awq` imports it once
 
             quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
@@ -71,6 +80,8 @@ class Engine:
             config.max_num_batched_tokens,
             config.attention_backend,
         )
+        if self.workers is not None:  # every worker allocates the same KV blocks; each step reaches them first
+            self.workers.start(cache, self.runner)
         if self.device.type == "cuda" and not config.enforce_eager:
             self.runner.capture_decode_graphs(config.max_num_seqs)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
@@ -87,8 +98,9 @@ class Engine:
 
         The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache: torch's fused
         CPU attention runs 3-5x slower in bfloat16 than in float32 (one decode query over 64-1024 keys, measured
-        on an AMD EPYC), and the K/V are a small share of a decode step's bytes at this model's size."""
-        c, cfg = self.model_config, self.config
+        on an AMD EPYC), and the K/V are a small share of a decode step's bytes at this model's size. Its heads are
+        the model's own: under tensor parallelism, this rank's KV heads (every rank holds the same blocks)."""
+        c, cfg = self.model.config, self.config
         dtype = self.model.norm.weight.dtype
         if dtype == torch.bfloat16 and not cfg.device.startswith("cuda"):
             dtype = torch.float32
@@ -125,7 +137,6 @@ class Engine:
             (num_blocks - 1) / blocks_per_seq,
             self.max_model_len,
         )
-        c = self.model_config
         return PagedKVCache(
             c.num_layers,
             num_blocks,
@@ -265,17 +276,19 @@ class Engine:
             return []
         now = time.perf_counter()
         for request in plan.scheduled:
-            if request.group.metrics.first_scheduled_time is None:
-                request.group.metrics.first_scheduled_time = now
-                request.group.metrics.num_cached_tokens = request.num_computed
-        computed_before = {r.request_id: r.num_computed for r in plan.scheduled}
+            metrics = request.group.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.num_cached_tokens = request.num_computed
+        computed_before = {r.request_id: r.num_computed for r in plan.scheduled} if spec is not None else {}
         out = self.runner.execute(
             plan,
             return_hidden=spec is not None and spec.needs_hidden,
             trees=spec.tree_parents() if spec is not None else None,
         )
+        counts = plan.num_scheduled_tokens
         for request in plan.scheduled:
-            request.num_computed += plan.num_scheduled_tokens[request.request_id]
+            request.num_computed += counts[request.request_id]
         # Verified drafts: accepted runs (the speculator rolls back the rejected drafts' K/V).
         verified = spec.verify(plan, out, computed_before) if spec is not None else {}
         new_tokens = self._sample(plan, out, skip=verified.keys())
@@ -295,10 +308,11 @@ class Engine:
                 metrics.first_token_time = now
             metrics.token_times.append(now)
             metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
-            if group.finished:
+            finished = group.finished
+            if finished:
                 metrics.finished_time = now
                 del self.groups[group.request_id]
-            if group.stream or group.finished:
+            if group.stream or finished:
                 outputs.append(group.output())
         return outputs
 

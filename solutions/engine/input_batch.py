@@ -124,13 +124,15 @@ class InputBatch:
         self.max_blocks = -(-max_model_len // block_size)
         self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
-        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
-        self.num_tokens_written = np.zeros(max_num_seqs, dtype=np.int64)
+        self.num_blocks = [0] * max_num_seqs
+        self.num_tokens_written = [0] * max_num_seqs
         self.row_of: dict[str, int] = {}
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_tokens = max_num_tokens
         largest = StepLayout(max_num_tokens, max_num_tokens, max_num_seqs, self.max_blocks)
         self.staging = StagingBuffer(largest.total, torch.int32, device)
+        self._arange = np.arange(max(max_num_tokens, max_num_seqs) + 1, dtype=np.int32)
+        self._layout_views: dict[StepLayout, tuple[list, list]] = {}
 
     # -- the persistent rows -----------------------------------------------------------------------------
 
@@ -157,26 +159,36 @@ class InputBatch:
             self.block_table[row, len(table) : old] = 0
         self.num_blocks[row] = len(table)
 
-    def _row(self, request: Request, kv: KVCacheManager) -> int:
-        """The request's row, given one (with its whole table) the first time it is scheduled."""
-        row = self.row_of.get(request.request_id)
-        if row is None:
-            if not self.free_rows:
-                raise RuntimeError("the input batch has no free row: more running requests than max_num_seqs")
-            row = self.row_of[request.request_id] = self.free_rows.pop()
-            self._write_table(row, kv.block_table_view(request.request_id))
+    def _new_row(self, request: Request, kv: KVCacheManager) -> int:
+        """Give a request its row (with its whole table) the first time it is scheduled."""
+        if not self.free_rows:
+            raise RuntimeError("the input batch has no free row: more running requests than max_num_seqs")
+        row = self.row_of[request.request_id] = self.free_rows.pop()
+        self._write_table(row, kv.block_table_view(request.request_id))
         return row
 
-    def _write_tokens(self, row: int, request: Request, end: int) -> None:
+    def _write_tokens(self, row: int, request: Request, end: int, num_tokens: int) -> None:
         """Make ``token_ids[row, :end]`` hold the request's tokens (drafts past ``num_tokens`` included: they are
         rewritten each step, since a rejected draft's position later holds another token)."""
-        written = int(self.num_tokens_written[row])
-        if written < end:
+        written = self.num_tokens_written[row]
+        if end - written == 1 and end == num_tokens:  # a decode: its newest token
+            outputs = request.output_token_ids
+            self.token_ids[row, written] = outputs[-1] if outputs else request.prompt_token_ids[-1]
+        else:
             self.token_ids[row, written:end] = request.token_ids(written, end)
-            self.num_tokens_written[row] = min(end, request.num_tokens)
+        self.num_tokens_written[row] = min(end, num_tokens)
 
-    def cache_slots(self, row: int, positions: np.ndarray) -> np.ndarray:
-        """The cache rows of ``positions`` of the request in ``row``."""
+    def _views(self, layout: StepLayout) -> tuple[list, list]:
+        """The host and device arrays of ``layout`` (made once per layout: a decode step reuses its bucket's)."""
+        views = self._layout_views.get(layout)
+        if views is None:
+            if len(self._layout_views) > 512:
+                self._layout_views.clear()
+            views = self._layout_views[layout] = (layout.split(self.staging.numpy), layout.split(self.staging.device))
+        return views
+
+    def cache_slots(self, row: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The cache rows of ``positions`` of the request in ``row`` (or of each position's own row)."""
         return self.block_table[row, positions // self.block_size] * self.block_size + positions % self.block_size
 
     # -- one step ------------------------------------------------------------------------------------------
@@ -196,54 +208,67 @@ class InputBatch:
         padding sequences have one query at position 0 that reads the null block and writes no slot."""
         self.sync_tables(kv)
         batch = len(scheduled)
-        rows = np.empty(batch, dtype=np.int64)
-        computed = np.empty(batch, dtype=np.int64)
-        counts = np.empty(batch, dtype=np.int64)
-        num_wanted = np.zeros(batch, dtype=np.int64)
-        spans: dict[str, slice] = {}
-        trees: list[tuple[int, np.ndarray]] = []
-        for i, request in enumerate(scheduled):
+        rows, computed, counts, totals, spans = [], [], [], [], {}
+        num_logits, trees = 0, []
+        for request in scheduled:  # the only per-request Python: look-ups, and the tokens new since last step
             request_id = request.request_id
-            row = rows[i] = self._row(request, kv)
-            first, count = request.num_computed, num_scheduled[request_id]
-            computed[i], counts[i] = first, count
+            row = self.row_of.get(request_id)
+            if row is None:
+                row = self._new_row(request, kv)
+            first, count, total = request.num_computed, num_scheduled[request_id], request.num_tokens
             end = first + count
-            self._write_tokens(row, request, end)
-            if end >= request.num_tokens:  # reached the last known token: the next one is wanted
-                start = num_wanted.sum()
-                num_wanted[i] = end - request.num_tokens + 1
-                spans[request_id] = slice(int(start), int(start + num_wanted[i]))
+            if self.num_tokens_written[row] < end:
+                self._write_tokens(row, request, end, total)
+            if end >= total:  # reached the last known token: the next one is wanted
+                spans[request_id] = slice(num_logits, num_logits + end - total + 1)
+                num_logits += end - total + 1
             if tree_positions and request_id in tree_positions:
-                trees.append((i, tree_positions[request_id]))
-        num_tokens, num_logits = int(counts.sum()), int(num_wanted.sum())
+                trees.append((len(rows), tree_positions[request_id]))
+            rows.append(row)
+            computed.append(first)
+            counts.append(count)
+            totals.append(total)
+        rows, computed, counts = (np.array(a, dtype=np.int64) for a in (rows, computed, counts))
+        num_tokens = int(counts.sum())
         if num_tokens > self.max_num_tokens:
             raise ValueError(f"a step of {num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
         seq_lens = computed + counts
-        query_end = np.cumsum(counts)
         if layout is None:
-            layout = StepLayout(num_tokens, num_logits, batch, int(-(-seq_lens.max() // self.block_size)))
-        ids, positions, slots, logits_rows, query_start, lens, table = layout.split(self.staging.numpy)
-        owner = np.repeat(np.arange(batch), counts)  # token -> index of its sequence in the step
-        cache_positions = computed[owner] + np.arange(num_tokens) - (query_end - counts)[owner]
-        ids[:num_tokens] = self.token_ids[rows[owner], cache_positions]
-        positions[:num_tokens] = cache_positions
-        for i, tree in trees:
-            positions[query_end[i] - counts[i] : query_end[i]] = tree
-        slots[:num_tokens] = self.cache_slots(rows[owner], cache_positions)
-        # A request's logits rows are its last num_wanted tokens.
-        logits_rows[:num_logits] = np.arange(num_logits) + np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
+            width = -(-int(seq_lens.max(initial=1)) // self.block_size)
+            layout = StepLayout(num_tokens, num_logits, batch, width)
+        host_views, device_views = self._views(layout)
+        ids, positions, slots, logits_rows, query_start, lens, table = host_views
+        if num_tokens == num_logits == batch:  # decodes only: one token per sequence, each wants its logits
+            token_rows, cache_positions = rows, computed
+            positions[:batch] = computed
+            logits_rows[:batch] = self._arange[:batch]
+            query_start[1 : batch + 1] = self._arange[1 : batch + 1]
+        else:
+            query_end = np.cumsum(counts)
+            owner = np.repeat(np.arange(batch), counts)  # token -> index of its sequence in the step
+            cache_positions = computed[owner] + np.arange(num_tokens) - (query_end - counts)[owner]
+            positions[:num_tokens] = cache_positions
+            for i, tree in trees:
+                positions[query_end[i] - counts[i] : query_end[i]] = tree
+            # A request's logits rows are its last (end - num_tokens + 1) tokens.
+            num_wanted = np.maximum(seq_lens - np.array(totals) + 1, 0)
+            first_row = np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
+            logits_rows[:num_logits] = np.arange(num_logits) + first_row
+            query_start[1 : batch + 1] = query_end
+            token_rows = rows[owner]
         query_start[0] = 0
-        query_start[1 : batch + 1] = query_end
+        ids[:num_tokens] = self.token_ids[token_rows, cache_positions]
+        slots[:num_tokens] = self.cache_slots(token_rows, cache_positions)
         lens[:batch] = seq_lens
         table[:batch] = self.block_table[rows, : layout.width]
         if layout.num_seqs > batch:  # padding sequences of a decode graph's bucket
             pad = slice(num_tokens, layout.num_tokens)
             ids[pad], positions[pad], slots[pad] = 0, 0, -1
-            logits_rows[num_logits:] = np.arange(num_logits, layout.num_logits)
-            query_start[batch + 1 :] = np.arange(num_tokens + 1, layout.num_tokens + 1)
+            logits_rows[num_logits:] = self._arange[num_logits : layout.num_logits]
+            query_start[batch + 1 :] = self._arange[num_tokens + 1 : layout.num_tokens + 1]
             lens[batch:] = 1
             table[batch:] = 0
-        device = layout.split(self.staging.send(layout.total))
+        self.staging.send(layout.total)
         return StepInputs(
-            layout, *device, int(counts.max(initial=1)), int(seq_lens.max(initial=1)), spans, rows, computed
+            layout, *device_views, int(counts.max(initial=1)), int(seq_lens.max(initial=1)), spans, rows, computed
         )
