@@ -25,7 +25,7 @@ LAB_OF_MODULE = {
 }
 LAB_ALONE = _os.environ.get("FASTMODE_LAB_ALONE") or None
 if LAB_ALONE:
-    from solutions.course import take_other_labs_from_solutions
+    from .course import take_other_labs_from_solutions  # solutions/course.py, without importing solutions' engine
 
     take_other_labs_from_solutions(__name__, _Path(__path__[-1]), LAB_OF_MODULE, LAB_ALONE)
 

@@ -67,6 +67,8 @@ def take_other_labs_from_solutions(package: str, solutions_dir: Path, lab_of_mod
     if lab not in labs:
         raise ValueError(f"{LAB_ALONE_ENV}={lab!r} names no lab: the labs are {', '.join(labs)}")
     others = {module for module, its_lab in lab_of_module.items() if its_lab != lab}
+    # One finder per package: importing the package again (after a test dropped it from sys.modules) replaces it.
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, SolutionsTwins) and f.package == package)]
     sys.meta_path.insert(0, SolutionsTwins(package, solutions_dir, others))
 
 

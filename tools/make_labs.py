@@ -167,10 +167,16 @@ LAB_OF_MODULE = {{
 {table}}}
 LAB_ALONE = _os.environ.get("{env}") or None
 if LAB_ALONE:
-    from solutions.course import take_other_labs_from_solutions
+    from .course import take_other_labs_from_solutions  # solutions/course.py, without importing solutions' engine
 
     take_other_labs_from_solutions(__name__, _Path(__path__[-1]), LAB_OF_MODULE, LAB_ALONE)
 """
+
+
+def file_parts(text: str, rel: Path) -> list[str | Hole]:
+    """The parts of the labs/ file made from solutions file ``rel`` (``text``), its generated header included."""
+    parts = split_solutions(text, f"solutions/{rel}")
+    return [HEADER.format(path=rel) + parts[0], *parts[1:]]
 
 
 def lab_parts() -> dict[Path, list[str | Hole]]:
@@ -180,9 +186,9 @@ def lab_parts() -> dict[Path, list[str | Hole]]:
     lab_of_module = {}
     for source in sorted(SOURCE.rglob("*.py")):
         rel = source.relative_to(SOURCE)
-        parts = split_solutions(source.read_text(), f"solutions/{rel}")
+        parts = file_parts(source.read_text(), rel)
         if len(parts) > 1:
-            files[TARGET / rel] = [HEADER.format(path=rel) + parts[0], *parts[1:]]
+            files[TARGET / rel] = parts
             packages.update(rel.parents)
             lab_of_module[".".join(rel.with_suffix("").parts)] = parts[1].lab
     for package in packages:  # each a folder relative to solutions/, "." included

@@ -1,0 +1,218 @@
+"""The graders catch real mistakes, and say what the mistake is.
+
+Each case writes a lab into a scratch copy of the repository the way a learner who solved it would have it
+(the reference code in its holes, from ``make_labs.render(..., solved=...)``), changes one line to a mistake a
+learner makes, and runs the grader (``tools/grade.py N``, what ``make grade LAB=N`` runs) on the tests that
+should catch it: the grader must fail and print the message that names the cause. The other labs stay
+unwritten holes throughout, so every case also checks that a lab is graded on its own. Each run is a fresh
+process (a lab is chosen once per process), limited to the tests of the mistake (``-k``) to stay quick.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import make_labs  # noqa: E402
+
+MAX_REPORT_LINES = 20
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """A copy of the repository's code with labs/ freshly generated: every hole unwritten."""
+    root = tmp_path_factory.mktemp("repo")
+    for folder in ("solutions", "tests", "tools"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", root)
+    for shared in ("data", "notebooks"):  # read only
+        (root / shared).symlink_to(ROOT / shared)
+    subprocess.run([sys.executable, "tools/make_labs.py", "--force"], cwd=root, check=True, capture_output=True)
+    return root
+
+
+def labs_file(root: Path, rel: str, solved: frozenset[str] = frozenset()) -> str:
+    """labs/``rel`` as generated from the scratch copy's solutions/, with the labs in ``solved`` written."""
+    return make_labs.render(make_labs.file_parts((root / "solutions" / rel).read_text(), Path(rel)), solved)
+
+
+def grade(root: Path, lab: str, *pytest_args: str) -> tuple[int, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop(make_labs.LAB_ALONE_ENV, None)
+    run = subprocess.run(
+        [sys.executable, "tools/grade.py", lab, *pytest_args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
+@pytest.fixture
+def write_lab(scratch):
+    """``write_lab(lab, rel, old, new)``: every labs/ file of ``lab`` solved, and in ``rel`` ``old`` replaced by
+    ``new`` (it must occur once); all of them are back to their unwritten holes after the test."""
+    files = {h.path.removeprefix("solutions/") for h in make_labs.all_holes()}
+    written: list[str] = []
+
+    def write(lab: str, rel: str, old: str = "", new: str = "") -> None:
+        for other in sorted(f for f in files if labs_file(scratch, f, frozenset({lab})) != labs_file(scratch, f)):
+            text = labs_file(scratch, other, frozenset({lab}))
+            if other == rel and old:
+                assert text.count(old) == 1, f"the planted mistake no longer matches the reference code: {old!r}"
+                text = text.replace(old, new)
+            (scratch / "labs" / other).write_text(text)
+            written.append(other)
+
+    yield write
+    for rel in written:
+        (scratch / "labs" / rel).write_text(labs_file(scratch, rel))
+
+
+MISTAKES = [
+    pytest.param(
+        "4",
+        "speculative/rejection.py",
+        "    q_next = q_next * rejected[:, None]\n",
+        "",
+        ["tests/test_spec.py", "-k", "after_the_last_kept"],
+        "draw it from p itself, not from the residual max(0, p - q)",
+        id="lab4-bonus-token-from-the-residual",
+    ),
+    pytest.param(
+        "4",
+        "speculative/rejection.py",
+        "accepted = (uniforms * q_draft < p_draft) & valid",
+        "accepted = uniforms * q_draft < p_draft",
+        ["tests/test_spec.py", "-k", "padding"],
+        "positions at or past num_drafts[b] are padding",
+        id="lab4-padding-drafts-accepted",
+    ),
+    pytest.param(
+        "4",
+        "speculative/tree.py",
+        "            mask[i] = mask[parent]",
+        "            mask[i, parent] = True",
+        ["tests/test_spec.py", "-k", "tree_attention_mask"],
+        "a node sees itself and everything its parent sees",
+        id="lab4-tree-mask-sees-only-the-parent",
+    ),
+    pytest.param(
+        "3",
+        "engine/scheduler.py",
+        " and not out.preempted:",
+        ":",
+        ["tests/test_scheduler.py", "-k", "preempts_admits_nobody"],
+        "a step that had to preempt admits nobody",
+        id="lab3-admits-in-a-step-that-preempted",
+    ),
+    pytest.param(
+        "3",
+        "engine/scheduler.py",
+        "            request.num_computed = self.kv.get_computed_tokens(request)\n",
+        "",
+        ["tests/test_scheduler.py", "-k", "reuses_the_prefix_cache"],
+        "request.num_computed = self.kv.get_computed_tokens(request) before allocating",
+        id="lab3-prefix-cache-skipped",
+    ),
+    pytest.param(
+        "3",
+        "engine/scheduler.py",
+        "                self.kv.free(request)\n",
+        "",
+        ["tests/test_scheduler.py", "-k", "failed_admission"],
+        "When allocate_slots refuses, self.kv.free(request)",
+        id="lab3-blocks-leaked-on-a-failed-admission",
+    ),
+    pytest.param(
+        "2",
+        "kernels/paged_attention.py",
+        "table_row + pos // BLOCK_SIZE,",
+        "table_row + pos // BLOCK_SIZE + 1,",
+        ["tests/test_paged_attention.py", "-k", "head_dim_128_and_scale or poisoned"],
+        "block_table[b, p // block_size], offset p % block_size",
+        id="lab2-block-table-walk-off-by-one",
+    ),
+    pytest.param(
+        "2",
+        "cache/block_allocator.py",
+        '        if self.ref_counts[block] == 0:\n            raise ValueError(f"double free of block {block}: '
+        'its reference count is already 0")\n',
+        "",
+        ["tests/test_block_allocator.py", "-k", "double_free"],
+        "is a double free, but no ValueError was raised",
+        id="lab2-double-free-accepted",
+    ),
+    pytest.param(
+        "2",
+        "cache/kv_cache_manager.py",
+        "                self.prefix_cache.park(block)",
+        "                self.allocator.release(block)",
+        ["tests/test_prefix_cache.py", "-k", "reused_then_evicted"],
+        "a's full blocks keep their contents in the LRU",
+        id="lab2-cached-block-released-not-parked",
+    ),
+    pytest.param(
+        "5",
+        "model/moe_router.py",
+        "    counts = torch.bincount(routing.experts.flatten(), minlength=num_experts)\n"
+        "    fraction = counts.float() / routing.experts.numel()",
+        "    counts = torch.bincount(routing.experts[:, 0], minlength=num_experts)\n"
+        "    fraction = counts.float() / routing.experts.shape[0]",
+        ["tests/test_moe.py", "-k", "hand_computed"],
+        "not only each token's first choice",
+        id="lab5-balance-loss-counts-first-choices-only",
+    ),
+    pytest.param(
+        "5",
+        "kernels/moe_permute.py",
+        "order = torch.argsort(flat, stable=True)",
+        "order = torch.argsort(flat)",
+        ["tests/test_moe.py", "-k", "permutation_invariants"],
+        "with a stable sort",
+        id="lab5-unstable-sort",
+    ),
+]
+
+
+@pytest.mark.parametrize("lab, rel, old, new, tests, message", MISTAKES)
+def test_grader_names_the_planted_mistake(scratch, write_lab, lab, rel, old, new, tests, message):
+    write_lab(lab, rel, old, new)
+    status, report = grade(scratch, lab, *tests)
+    assert status == 1, f"the grader passed a planted mistake (exit {status}):\n{report}"
+    assert message in report, f"the grader failed without naming the mistake ({message!r}):\n{report}"
+    assert len(report.splitlines()) <= MAX_REPORT_LINES, f"the report runs past {MAX_REPORT_LINES} lines:\n{report}"
+
+
+def test_an_unwritten_lab_reports_one_line_per_hole(scratch):
+    holes = [h for h in make_labs.all_holes() if h.lab == "2"]
+    status, report = grade(scratch, "2", "tests/test_block_allocator.py")  # every hole is listed, whichever tests run
+    assert status == 1, report
+    lines = report.splitlines()
+    assert len(lines) <= MAX_REPORT_LINES, f"an unwritten lab's report runs past {MAX_REPORT_LINES} lines:\n{report}"
+    for hole in holes:
+        named = [line for line in lines if line.lstrip().startswith("to write:") and hole.function in line]
+        assert len(named) == 1, f"{hole.function} should have one 'to write' line:\n{report}"
+    assert "FAILED" not in report, f"an unwritten hole is reported as a failure, not as a hole to write:\n{report}"
+
+
+def test_a_solved_lab_passes_alone_and_says_what_the_engine_still_needs(scratch, write_lab):
+    """Lab 3's scheduler drives Lab 2's KV-cache manager, unwritten in labs/: graded alone, it runs on the
+    reference manager and passes."""
+    write_lab("3", "engine/scheduler.py")
+    status, report = grade(scratch, "3", "tests/test_scheduler.py")
+    assert status == 0, f"a correctly written Lab 3 failed:\n{report}"
+    assert "Lab 3 passes" in report and "03_continuous_batching.ipynb" in report, report
+    needs = next((line for line in report.splitlines() if "from labs import LLM" in line), "")
+    assert "still to write" in needs and "2" in needs.split("still to write")[1], (
+        f"the report must say which labs the engine still needs (Lab 2 is unwritten):\n{report}"
+    )
