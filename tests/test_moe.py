@@ -213,6 +213,13 @@ def test_permutation_with_an_empty_expert_and_one_taking_all(load):
 
 # ---------------------------------------------------------------- grouped kernel vs the per-expert loop
 
+# Kernel tests run where the kernel runs: compiled on a GPU, through the Triton interpreter on a CPU.
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Max error relative to the output's largest value, against the float64 loop: float32 keeps the fused
+# SwiGLU's float32 intermediate; bfloat16 rounds its inputs, the [T * k, I] intermediate and the output.
+MOE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
 
 def _moe_inputs(tokens, hidden, width, num_experts, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
@@ -231,38 +238,67 @@ def _routings(tokens, num_experts, top_k, g):
     return {"random": random_pick, "an expert with no token": no_expert_0, "one expert takes every token": all_to_one}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tokens, top_k", [(1, 2), (37, 2), (64, 1), (129, 3)])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_grouped_moe_matches_float64_per_expert_loop(load, tokens, top_k, backend):
+def test_grouped_moe_matches_float64_per_expert_loop(load, tokens, top_k, backend, dtype):
     moe_gemm = load("kernels.moe_gemm")
     num_experts, hidden, width = 6, 48, 40  # widths off the kernel's tiles: masks are exercised
-    x, w13, w2, g = _moe_inputs(tokens, hidden, width, num_experts, seed=tokens + top_k)
+    x, w13, w2, g = _moe_inputs(tokens, hidden, width, num_experts, seed=tokens + top_k, dtype=dtype)
+    device = KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
     for name, experts in _routings(tokens, num_experts, top_k, g).items():
-        weights = torch.rand(tokens, top_k, generator=g)
+        weights = torch.rand(tokens, top_k, generator=g).to(dtype)
         expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
-        ours = moe_gemm.fused_moe(x, w13, w2, weights, experts, backend=backend)
-        loop = moe_gemm.moe_per_expert_loop(x, w13, w2, weights, experts)
-        assert ours.dtype == x.dtype and ours.shape == x.shape
-        err = (ours.double() - expected).abs().max() / expected.abs().max()
-        assert err < 1e-5, f"{name}: relative error {err:.2e}"
-        torch.testing.assert_close(loop, ours, rtol=1e-4, atol=1e-5)
+        args = [t.to(device) for t in (x, w13, w2, weights, experts)]
+        ours = moe_gemm.fused_moe(*args, backend=backend)
+        assert ours.dtype == x.dtype and ours.shape == x.shape and ours.device.type == device.type
+        err = ((ours.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+        assert err < MOE_TOLERANCE[dtype], f"{backend} {name}: relative error {err:.2e} vs the float64 loop"
 
 
-def test_grouped_gemm_writes_only_real_rows(load):
-    """Padding rows are neither read nor written: the output, poisoned first, is fully overwritten by real rows."""
-    moe_gemm = load("kernels.moe_gemm")
-    permute = load("kernels.moe_permute")
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_grouped_gemm_computes_every_assignment_row(load, gated):
+    """Each assignment's row, whatever block and padding it sits in; experts 0 and 2 get no token."""
+    moe_gemm, permute = load("kernels.moe_gemm"), load("kernels.moe_permute")
     x, w13, _, g = _moe_inputs(21, 32, 24, 4, seed=3)
-    experts = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
-    block = (16, 32, 32)
-    perm = permute.permute(experts, 4, block[0])
-    out = moe_gemm.grouped_gemm(x, w13, perm.sorted_ids, perm.block_experts, 42, 2, block)
-    expected = torch.stack([x[a // 2] @ w13[experts.flatten()[a]].t() for a in range(42)])
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    experts = torch.tensor([1, 3])[torch.rand(21, 2, generator=g).argsort(dim=1)]  # two distinct of {1, 3}
+    perm = permute.permute(experts.to(KERNEL_DEVICE), 4, 16)
+    out = moe_gemm.grouped_gemm(x.to(KERNEL_DEVICE), w13.to(KERNEL_DEVICE), perm, 2, gated=gated).cpu()
+    rows = torch.stack([x[a // 2].double() @ w13[experts.flatten()[a]].double().t() for a in range(42)])
+    if gated:
+        gate, up = rows.chunk(2, dim=-1)
+        rows = torch.nn.functional.silu(gate) * up
+    assert out.shape == rows.shape, f"grouped_gemm returned {tuple(out.shape)}, expected {tuple(rows.shape)}"
+    err = ((out.double() - rows).abs().max() / rows.abs().max()).item()
+    assert err < 1e-5, f"gated={gated}: relative error {err:.2e} against the per-assignment product"
+
+
+def test_block_m_grows_with_rows_per_expert(load):
+    block_m_for = load("kernels.moe_gemm").block_m_for
+    # 8 experts, top-2: rows per expert = tokens / 4
+    assert [block_m_for(t * 2, 8) for t in (1, 64, 128, 256, 4096)] == [16, 16, 32, 64, 128]
+
+
+def test_autotune_candidates_fit_every_launch(load):
+    """On CUDA the kernel is timed over candidates pruned per launch: at least one survives for every row
+    block, gated or not, and each survivor's pipeline fits in shared memory (checked here without a GPU)."""
+    moe_gemm = load("kernels.moe_gemm")
+    configs = moe_gemm._grouped_gemm_autotuned.configs
+    for dtype in (torch.bfloat16, torch.float32):
+        for block_m in (16, 32, 64, 128):
+            for gated in (False, True):
+                named = {"a_ptr": torch.empty(0, dtype=dtype)}
+                kept = moe_gemm._prune_configs(configs, named, BLOCK_M=block_m, GATED=gated)
+                assert kept, f"no candidate for BLOCK_M={block_m}, gated={gated}, {dtype}"
+                for c in kept:
+                    n, k = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+                    stage = (block_m * k + (2 if gated else 1) * k * n) * dtype.itemsize
+                    fits = c.num_stages * stage <= moe_gemm.SHARED_MEMORY_BYTES
+                    assert fits, f"{c} overflows shared memory at BLOCK_M={block_m}, gated={gated}, {dtype}"
 
 
 def test_bad_moe_inputs_are_named(load):
-    moe_gemm = load("kernels.moe_gemm")
+    moe_gemm, permute = load("kernels.moe_gemm"), load("kernels.moe_permute")
     x, w13, w2, _ = _moe_inputs(4, 16, 8, 3, seed=0)
     experts, weights = torch.tensor([[0], [1], [2], [3]]), torch.ones(4, 1)
     for backend in ("triton", "torch"):
@@ -272,6 +308,39 @@ def test_bad_moe_inputs_are_named(load):
         moe_gemm.fused_moe(x[:, :8], w13, w2, weights, experts.clamp(max=2), backend="triton")
     with pytest.raises(ValueError, match="backend"):
         moe_gemm.fused_moe(x, w13, w2, weights, experts.clamp(max=2), backend="cuda")
+    with pytest.raises(ValueError, match="16 rows or more"):
+        moe_gemm.grouped_gemm(x, w13, permute.permute(experts.clamp(max=2), 3, 4), 1)
+    with pytest.raises(ValueError, match="row_scale"):
+        perm = permute.permute(experts.clamp(max=2), 3, 16)
+        moe_gemm.grouped_gemm(x, w13, perm, 1, row_scale=torch.ones(3))
+
+
+@requires_cuda
+def test_fused_moe_replays_in_a_cuda_graph(load):
+    """With check_ids=False the layer reads nothing back to the host: captured once (after the eager call that
+    autotunes), a graph replays it for new tokens and new routing and matches the eager result."""
+    moe_gemm = load("kernels.moe_gemm")
+    num_experts, tokens, top_k = 8, 5, 2
+    x, w13, w2, g = _moe_inputs(tokens, 64, 96, num_experts, seed=7, dtype=torch.bfloat16)
+    x, w13, w2 = x.cuda(), w13.cuda(), w2.cuda()
+
+    def routing():
+        experts = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
+        return torch.rand(tokens, top_k, generator=g).to(torch.bfloat16).cuda(), experts.cuda()
+
+    weights, experts = routing()
+    layer = lambda: moe_gemm.fused_moe_triton(x, w13, w2, weights, experts, check_ids=False)  # noqa: E731
+    layer()  # eager: compiles and autotunes outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer()
+    new_weights, new_experts = routing()
+    weights.copy_(new_weights)
+    experts.copy_(new_experts)
+    x.copy_(torch.randn(x.shape, generator=g).to(x))
+    graph.replay()
+    expected = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
+    assert torch.equal(captured, expected), "the replayed graph differs from an eager call on the same inputs"
 
 
 # ---------------------------------------------------------------- Mixtral checkpoints against transformers

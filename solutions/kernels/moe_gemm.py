@@ -7,18 +7,26 @@ Each token runs through its ``k`` chosen experts' SwiGLU FFN and mixes their out
 Weights are stacked by expert: ``w13`` ``[E, 2I, H]`` (gate rows, then up rows) and ``w2`` ``[E, H, I]``.
 
 The Triton path (vLLM's ``fused_moe`` shape) first permutes the ``T * k`` assignments so each expert's
-rows are contiguous and padded to ``BLOCK_M`` (``moe_permute``). One launch then computes every
-expert's tiles at once: program ``(m, n)`` reads which expert owns row block ``m``, gathers those
-``BLOCK_M`` token rows of ``x`` by index (no permuted copy of ``x`` is ever written), and multiplies
-them by that expert's ``[BLOCK_K, BLOCK_N]`` weight tiles::
+rows are contiguous and padded to ``BLOCK_M`` (``moe_permute``). Each row block is one (expert, m-tile)
+pair; one launch computes every pair's tiles at once: a program reads which expert owns its row block,
+gathers those ``BLOCK_M`` token rows of ``x`` by index (no permuted copy of ``x`` is ever written), and
+multiplies them by that expert's ``[BLOCK_K, BLOCK_N]`` weight tiles::
 
     sorted_ids  [a3 a0 a5 P | a1 a2 P P | a4 P P P]      block_experts [0 | 1 | 3]
                  ---------   ---------   ---------
                   expert 0    expert 1    expert 3         (expert 2 got no token: no block, no work)
 
-The second GEMM multiplies each row by its routing weight and writes it back in assignment order, so
-the sum over ``k`` is a reshape and a ``sum``. The torch path (CPU) does the same permutation and runs
-one dense matmul per non-empty expert on its contiguous slice: a loop over experts, never over tokens.
+Two launches make a layer. The first computes the gate and up tiles of the same columns side by side and
+writes ``silu(gate) * up`` (``[T * k, I]``, from the float32 accumulators): the ``[T * k, 2I]`` gate/up
+product is never written. The second multiplies each row by its routing weight and writes it back in
+assignment order, so the sum over ``k`` is a reshape and a ``sum``. Programs run in groups of
+``GROUP_SIZE_M`` row blocks per column tile (the Triton matmul tutorial's L2 ordering), so a weight tile
+is read from memory once for several row blocks of its expert. On CUDA the tile shapes are autotuned per
+(``BLOCK_M``, N, K, dtype): a shape's first call times the candidates, so run it once eagerly before
+capturing a CUDA graph (every later call is graph-safe: the grid comes from host integers only).
+
+The torch path (CPU) does the same permutation and runs one dense matmul per non-empty expert on its
+contiguous slice: a loop over experts, never over tokens.
 """
 
 from __future__ import annotations
@@ -28,75 +36,178 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .moe_permute import permute
+from .moe_permute import Permutation, permute
 
 
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_experts_ptr, row_scale_ptr,
-    N, K, num_assignments, stride_am, stride_we, stride_wn, stride_wk, stride_om,
-    TOP_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N, K, num_assignments, num_blocks, stride_am, stride_we, stride_wn, stride_wk, stride_om,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, SCALE_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
 ):  # fmt: skip
     """``out[a] = a_row(a) @ w[expert]^T`` for the assignments ``a`` of one row block, one ``BLOCK_N`` slice.
 
     ``a_row(a)`` is row ``a // TOP_K`` of ``a``: with ``TOP_K = k`` the token's hidden state (first GEMM),
-    with ``TOP_K = 1`` the assignment's own intermediate row (second GEMM). Padding rows
-    (``id >= num_assignments``) are masked on load and store.
+    with ``TOP_K = 1`` the assignment's own intermediate row (second GEMM). ``GATED``: ``w`` holds ``2N``
+    rows (gate, then up) and ``out[a] = silu(gate) * up`` for output columns ``n < N``. Padding rows
+    (``id >= num_assignments``) read row 0 and are never stored.
     """
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m)
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # L2 ordering: GROUP_SIZE_M row blocks take turns on one column tile before the next column tile.
+    blocks_per_group = GROUP_SIZE_M * num_pid_n
+    first_block = (pid // blocks_per_group) * GROUP_SIZE_M
+    group_rows = min(num_blocks - first_block, GROUP_SIZE_M)
+    pid_m = first_block + (pid % blocks_per_group) % group_rows
+    pid_n = (pid % blocks_per_group) // group_rows
+
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
     if expert < 0:  # a tail block of padding only
         return
     ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = ids < num_assignments
-    rows = ids // TOP_K
+    rows = tl.where(valid, ids // TOP_K, 0)  # padding reads row 0, so the loads need no row mask
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    # Columns past N wrap onto valid ones (never stored): loads need only the K mask.
+    w_ptrs = w_ptr + expert * stride_we + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a_mask = valid[:, None] & (offs_k[None, :] < K)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0.0)
-        w_mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-        w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk, mask=w_mask, other=0.0)
-        acc += tl.dot(a, w)
+        k_mask = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        if GATED:
+            w_up = tl.load(w_ptrs + N * stride_wn, mask=k_mask[:, None], other=0.0)
+            acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * stride_wk
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_up
     if SCALE_ROWS:
         acc *= tl.load(row_scale_ptr + ids, mask=valid, other=0.0).to(tl.float32)[:, None]
     out_mask = valid[:, None] & (offs_n[None, :] < N)
-    tl.store(out_ptr + ids[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    out_ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _block_sizes(device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): tensor-core tiles on CUDA, the smallest ``tl.dot`` tiles in the interpreter."""
-    return (64, 128, 64) if device.type == "cuda" else (16, 32, 32)
+# CUDA candidates (BLOCK_N, BLOCK_K, num_warps, num_stages) per BLOCK_M, after vLLM's tuned fused-MoE
+# tables for H100: small row blocks are weight-bandwidth-bound (long K tiles, deep pipelines), large ones
+# compute-bound (wide N tiles, 8 warps). A gated launch holds two accumulators, so its N tile is halved.
+_CUDA_CANDIDATES = {
+    16: [(64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 8, 4)],
+    32: [(64, 128, 4, 4), (128, 128, 8, 3), (64, 256, 8, 4)],
+    64: [(128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 4)],
+    128: [(128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3)],
+}
+SHARED_MEMORY_BYTES = 227 * 1024  # per block on sm_90 (H100 / H200)
+INTERPRETER_TILES = {"BLOCK_N": 32, "BLOCK_K": 32, "GROUP_SIZE_M": 2}  # small tl.dot tiles, and a swizzle
+
+
+def _candidates(block_m: int, gated: bool) -> set[tuple[int, int, int, int]]:
+    return {(n // 2 if gated else n, k, warps, stages) for n, k, warps, stages in _CUDA_CANDIDATES[block_m]}
+
+
+def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The candidates of this launch's ``BLOCK_M`` and gating whose pipeline fits in shared memory (if none
+    does, the smallest with fewer stages). Float32 operands multiply in IEEE float32, emulated on CUDA cores:
+    only the smallest candidate is worth compiling."""
+    block_m, gated = kwargs["BLOCK_M"], kwargs["GATED"]
+    element_size = named_args["a_ptr"].element_size()
+    wanted = _candidates(block_m, gated)
+
+    def stage_bytes(c: triton.Config) -> int:
+        n, k = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+        return (block_m * k + (2 if gated else 1) * k * n) * element_size
+
+    shape = lambda c: (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)  # noqa: E731
+    kept = [c for c in configs if shape(c) in wanted]
+    fitting = [c for c in kept if c.num_stages * stage_bytes(c) <= SHARED_MEMORY_BYTES]
+    if not fitting or element_size == 4:
+        smallest = min(fitting or kept, key=stage_bytes)
+        stages = min(smallest.num_stages, max(1, SHARED_MEMORY_BYTES // stage_bytes(smallest)))
+        return [triton.Config(smallest.kwargs, num_warps=smallest.num_warps, num_stages=stages)]
+    return fitting
+
+
+def _quick_bench(kernel_call, quantiles):
+    """Autotuning timings: 20 ms of repeats per candidate (Triton's default is 100), medians as usual."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+_grouped_gemm_autotuned = triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_SIZE_M": 8}, num_warps=warps, num_stages=stages)
+        for n, k, warps, stages in sorted(
+            {c for m in _CUDA_CANDIDATES for g in (False, True) for c in _candidates(m, g)}
+        )
+    ],
+    key=["N", "K", "BLOCK_M", "GATED"],
+    prune_configs_by={"early_config_prune": _prune_configs},
+    do_bench=_quick_bench,
+)(_grouped_gemm_kernel)
+
+
+def block_m_for(num_assignments: int, num_experts: int) -> int:
+    """The row block (and permutation padding) for a batch: 16 rows when experts get a few rows each
+    (decode: the weights are the cost, padding is free), up to 128 when they get hundreds (prefill:
+    tensor-core tiles). Host integers only, so the choice is the same at capture and at replay."""
+    rows_per_expert = num_assignments / num_experts
+    for block_m, most_rows in ((16, 16), (32, 32), (64, 96)):
+        if rows_per_expert <= most_rows:
+            return block_m
+    return 128
 
 
 def grouped_gemm(
     a: torch.Tensor,
     w: torch.Tensor,
-    sorted_ids: torch.Tensor,
-    block_experts: torch.Tensor,
-    num_assignments: int,
+    perm: Permutation,
     top_k: int,
-    block: tuple[int, int, int],
+    gated: bool = False,
     row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[num_assignments, N]``: row ``i`` is ``a[i // top_k] @ w[e]^T`` (times ``row_scale[i]``), e its expert."""
-    block_m, block_n, block_k = block
+    """``[a.shape[0] * top_k, N]``: row ``i`` is ``a[i // top_k] @ w[e]^T`` (times ``row_scale[i]``), ``e``
+    its expert in ``perm``. ``gated``: ``w`` ``[E, 2N, K]`` holds gate rows then up rows, and row ``i`` is
+    ``silu(gate_i) * up_i``. ``row_scale`` is read in assignment order (a contiguous ``[T, k]`` works)."""
     num_experts, n, k = w.shape
     if a.shape[1] != k:
         raise ValueError(f"a has {a.shape[1]} features but the expert weights take {k}")
-    if sorted_ids.numel() != block_m * block_experts.numel():
-        raise ValueError(f"the permutation's blocks are not {block_m} rows long (permute with block={block_m})")
-    out = torch.empty(num_assignments, n, device=a.device, dtype=a.dtype)
-    scale = row_scale if row_scale is not None else out  # never read when SCALE_ROWS is False
-    grid = (block_experts.numel(), triton.cdiv(n, block_n))
-    _grouped_gemm_kernel[grid](
-        a, w, out, sorted_ids, block_experts, scale,
-        n, k, num_assignments, a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        top_k, row_scale is not None, block_m, block_n, block_k,
+    if perm.sorted_ids.numel() != perm.block * perm.block_experts.numel():
+        raise ValueError(f"the permutation's sorted_ids are not whole blocks of {perm.block} rows")
+    if perm.block < 16:
+        raise ValueError(f"the kernel's row block is 16 rows or more (a tl.dot tile), not {perm.block}")
+    if gated and n % 2:
+        raise ValueError(f"a gated launch needs as many up rows as gate rows; w has {n} rows per expert")
+    if a.device.type != "cuda" and a.dtype == torch.bfloat16:
+        # The Triton interpreter's tl.dot multiplies bfloat16 tiles as their raw 16-bit patterns: use float32.
+        scale = None if row_scale is None else row_scale.float()
+        return grouped_gemm(a.float(), w.float(), perm, top_k, gated, scale).to(a.dtype)
+    num_assignments = a.shape[0] * top_k
+    n_out = n // 2 if gated else n
+    if row_scale is not None and row_scale.numel() != num_assignments:
+        raise ValueError(f"row_scale has {row_scale.numel()} entries for {num_assignments} assignments")
+    out = torch.empty(num_assignments, n_out, device=a.device, dtype=a.dtype)
+    scale = row_scale.contiguous() if row_scale is not None else out  # never read when SCALE_ROWS is False
+    num_blocks = perm.block_experts.numel()
+    args = (
+        a, w, out, perm.sorted_ids, perm.block_experts, scale,
+        n_out, k, num_assignments, num_blocks, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
+        out.stride(0),
     )  # fmt: skip
+    meta = dict(
+        TOP_K=top_k, GATED=gated, SCALE_ROWS=row_scale is not None,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=perm.block,
+    )  # fmt: skip
+    if a.device.type == "cuda":
+        _grouped_gemm_autotuned[lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)](*args, **meta)
+    else:  # the interpreter: one fixed small tile, no autotuning
+        grid = (num_blocks * triton.cdiv(n_out, INTERPRETER_TILES["BLOCK_N"]),)
+        _grouped_gemm_kernel[grid](*args, **meta, **INTERPRETER_TILES)
     return out
 
 
@@ -128,18 +239,18 @@ def fused_moe_triton(
     experts: torch.Tensor,
     check_ids: bool = True,
 ) -> torch.Tensor:
-    """The MoE layer on the grouped Triton kernel: permute, GEMM (gate/up), SwiGLU, GEMM (down, weighted), sum."""
+    """The MoE layer on the grouped Triton kernel: permute, gate/up GEMM with SwiGLU, down GEMM weighted, sum.
+
+    With ``check_ids=False`` nothing reads a device value on the host, so the call can be captured in a
+    CUDA graph (after one eager call per shape has autotuned the kernel)."""
     check_moe_inputs(x, w13, w2, weights, experts, check_ids)
     tokens, top_k = experts.shape
-    block = _block_sizes(x.device)
-    perm = permute(experts, w13.shape[0], block[0])
-    x = x.contiguous()
-    args = (perm.sorted_ids, perm.block_experts, tokens * top_k)
-    gate_up = grouped_gemm(x, w13, *args, top_k, block)
-    gate, up = gate_up.chunk(2, dim=-1)
-    hidden = F.silu(gate) * up
-    out = grouped_gemm(hidden, w2, *args, 1, block, row_scale=weights.flatten().to(torch.float32).contiguous())
-    return out.view(tokens, top_k, -1).sum(dim=1)
+    num_experts = w13.shape[0]
+    block_m = block_m_for(tokens * top_k, num_experts) if x.device.type == "cuda" else 16
+    perm = permute(experts, num_experts, block_m)
+    hidden = grouped_gemm(x.contiguous(), w13, perm, top_k, gated=True)
+    out = grouped_gemm(hidden, w2, perm, 1, row_scale=weights)
+    return out if top_k == 1 else out.view(tokens, top_k, -1).sum(dim=1)
 
 
 def fused_moe_torch(

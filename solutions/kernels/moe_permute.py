@@ -44,7 +44,10 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
     # BEGIN SOLUTION Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block
     flat = experts.flatten()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # Counted with index_add_, not bincount: on a GPU bincount reads the largest id back to the host, a sync
+    # that a CUDA graph cannot record.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
     start = torch.cumsum(counts, 0) - counts
     padded_start = torch.cumsum(padded, 0) - padded
