@@ -78,7 +78,7 @@ class BlockAllocator:
         At 0 the block is *held*: the caller must ``release`` it or keep it (the prefix cache does).
         Raises ValueError naming the block if it is not in use (a double free) or not ours.
         """
-        raise NotImplementedError('Lab 2: reject a foreign block (self._check) and one whose count is already 0 (double free: ValueError naming the block); then decrement and return the new count')
+        raise NotImplementedError('Lab 2: reject a foreign block (self._check) and one whose count is already 0 (double free: ValueError naming the block); then decrement and return the new count (hints: make hint LAB=2)')
 
     def release(self, block: int) -> None:
         """Put a held block (reference count 0, off the free list) back on the free list."""

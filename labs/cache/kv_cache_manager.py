@@ -151,18 +151,19 @@ class KVCacheManager:
         written = range(start // size, min(len(table), _cdiv(end, size))) if num_new_tokens else range(0)
         shared = [index for index in written if self.allocator.ref_counts[table[index]] > 1]
         num_appended = max(0, _cdiv(end, size) - len(table))
-        if num_appended + len(shared) > self.num_free_blocks:
+        needed = num_appended + len(shared)
+        if needed and needed > self.num_free_blocks:
             return False
         for index in shared:
             self._copy_on_write(table, index, start)
         for index in written:
             if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
                 self.prefix_cache.uncache(table[index])
-        table.extend(self._take_free_block() for _ in range(num_appended))
-        if num_appended or shared or request_id not in self._tables:
+        if needed or request_id not in self._tables:
+            table.extend(self._take_free_block() for _ in range(num_appended))
             self._changed.add(request_id)
-        self._tables[request_id] = table
-        self._keys.setdefault(request_id, [])
+            self._tables[request_id] = table
+            self._keys.setdefault(request_id, [])
         return True
 
     def cache_full_blocks(self, request) -> None:
@@ -193,7 +194,7 @@ class KVCacheManager:
         if child.request_id in self._tables:
             raise ValueError(f"request {child.request_id!r} already holds blocks: fork into a new request")
         parent_table = self._table(parent.request_id)
-        raise NotImplementedError("Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys)")
+        raise NotImplementedError("Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys) (hints: make hint LAB=2)")
         self._changed.add(child.request_id)
 
     def truncate(self, request, num_tokens: int) -> None:
@@ -250,8 +251,8 @@ class KVCacheManager:
 
     def _copy_on_write(self, table: list[int], index: int, num_computed: int) -> None:
         """Replace shared ``table[index]`` with a fresh block, queueing a copy if it holds computed tokens."""
-        raise NotImplementedError('Lab 2: take a fresh block (self._take_free_block); if the shared block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies; drop one reference to src; put the fresh block in table[index]')
+        raise NotImplementedError('Lab 2: take a fresh block (self._take_free_block); if the shared block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies; drop one reference to src; put the fresh block in table[index] (hints: make hint LAB=2)')
 
     def _release(self, block: int) -> None:
         """Drop one reference to ``block``; at 0 a cached block waits in the LRU, any other is free again."""
-        raise NotImplementedError("Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached) is parked in the LRU, any other is released to the allocator's free list")
+        raise NotImplementedError("Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached) is parked in the LRU, any other is released to the allocator's free list (hints: make hint LAB=2)")

@@ -60,7 +60,7 @@ class Scheduler:
         """Plan one step: running requests first, then waiting ones FCFS; preempt when blocks run out."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        raise NotImplementedError('Lab 3: running requests first, oldest first: each gets min(tokens it still needs, budget); preempt the newest running request while allocate_slots fails; then admit waiting requests FCFS while budget and max_num_seqs allow')
+        raise NotImplementedError('Lab 3: running requests first, oldest first: each gets min(tokens it still needs, budget); preempt the newest running request while allocate_slots fails; then admit waiting requests FCFS while budget and max_num_seqs allow (hints: make hint LAB=3)')
         scheduled = [r for r in self.running if r.request_id in out.num_scheduled_tokens]
         out.scheduled = sorted(scheduled, key=lambda r: out.num_scheduled_tokens[r.request_id] != 1)
         out.block_copies = self.kv.take_copies()

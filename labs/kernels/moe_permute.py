@@ -42,4 +42,4 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
     num_assignments = experts.numel()
     worst_rows = num_assignments + num_experts * (block - 1)
     num_rows = -(-worst_rows // block) * block
-    raise NotImplementedError('Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block')
+    raise NotImplementedError('Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block (hints: make hint LAB=5)')

@@ -36,7 +36,7 @@ def _load_kv_tile(
     """K and V tiles ``[len(pos), HEAD_DIM]`` of KV head ``kv_h`` for logical positions ``pos`` of one sequence,
     read through its block table row ``table_row``; positions where ``valid`` is false load as 0."""
     offs_d = tl.arange(0, HEAD_DIM)
-    raise NotImplementedError('Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE] at offset p % BLOCK_SIZE; load the block ids (masked), then K and V rows there (masked, other=0; int64 offsets)')
+    raise NotImplementedError('Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE] at offset p % BLOCK_SIZE; load the block ids (masked), then K and V rows there (masked, other=0; int64 offsets) (hints: make hint LAB=2)')
 
 
 @triton.jit

@@ -42,7 +42,7 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
         raise ValueError(f"router_logits must be [tokens, experts], got shape {tuple(router_logits.shape)}")
     if not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k must be in [1, {router_logits.shape[1]}] (the number of experts), got {top_k}")
-    raise NotImplementedError('Lab 5: softmax in float32 over experts, take the top_k probabilities, divide by their sum if renormalize')
+    raise NotImplementedError('Lab 5: softmax in float32 over experts, take the top_k probabilities, divide by their sum if renormalize (hints: make hint LAB=5)')
 
 
 def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
@@ -51,7 +51,7 @@ def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
     ``f_i``: share of the ``T * k`` assignments that picked expert ``i`` (counts, no gradient);
     ``P_i``: mean over tokens of ``probs[:, i]``. Both sum to 1 over experts.
     """
-    raise NotImplementedError('Lab 5: f = bincount of the chosen experts / (T * k); P = probs averaged over tokens; alpha * E * sum(f * P)')
+    raise NotImplementedError('Lab 5: f = bincount of the chosen experts / (T * k); P = probs averaged over tokens; alpha * E * sum(f * P) (hints: make hint LAB=5)')
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:

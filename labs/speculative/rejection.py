@@ -74,7 +74,7 @@ def verify(
     uniforms = torch.stack([torch.rand(k, generator=g) for g in generators]).to(device)
     valid = torch.arange(k, device=device)[None, :] < num_drafts.to(device)[:, None]  # [B, K]
     drafts = draft_token_ids.to(device).clamp(min=0)  # padding ids (-1) only sit at invalid positions
-    raise NotImplementedError('Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts); the run ends at the first rejection (or the last valid draft); the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft')
+    raise NotImplementedError('Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts); the run ends at the first rejection (or the last valid draft); the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft (hints: make hint LAB=4)')
     next_token = torch.stack([_draw(residual[b], generators[b]) for b in range(batch)])
     return num_accepted.cpu(), next_token.cpu()
 

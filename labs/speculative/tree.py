@@ -63,7 +63,7 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
 
     ``parents[0] == -1`` (the root) and ``parents[i] < i``, so a node's row extends its parent's row.
     """
-    raise NotImplementedError('Lab 4: each node sees itself and what its parent sees (parents come first, so build row by row)')
+    raise NotImplementedError('Lab 4: each node sees itself and what its parent sees (parents come first, so build row by row) (hints: make hint LAB=4)')
 
 
 def tree_positions(parents: list[int], root_position: int) -> torch.Tensor:

@@ -78,6 +78,14 @@ class BlockAllocator:
         Raises ValueError naming the block if it is not in use (a double free) or not ours.
         """
         # BEGIN SOLUTION Lab 2: reject a foreign block (self._check) and one whose count is already 0 (double free: ValueError naming the block); then decrement and return the new count
+        # HINT: A reference count says how many block tables list the block. Freeing a block twice, or a
+        #  block that is not ours, would later hand one block to two sequences and corrupt their K/V:
+        #  fail at once, naming the block.
+        # HINT: Three steps: self._check(block) rejects the null block and ids out of range; a count already
+        #  at 0 is a double free (ValueError with the block's number in it); otherwise subtract one and
+        #  return the new count.
+        # HINT: Reaching 0 frees nothing here: the caller decides (release() puts the block on the free list,
+        #  the prefix cache may keep it). decref only counts.
         self._check(block)
         if self.ref_counts[block] == 0:
             raise ValueError(f"double free of block {block}: its reference count is already 0")

@@ -194,6 +194,13 @@ class KVCacheManager:
             raise ValueError(f"request {child.request_id!r} already holds blocks: fork into a new request")
         parent_table = self._table(parent.request_id)
         # BEGIN SOLUTION Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys)
+        # HINT: A fork shares, it does not copy: the child's table lists the very same blocks, each one
+        #  reference higher, so neither sequence's free() can return a block the other still reads.
+        # HINT: incref each block of parent_table; store a list of the same blocks as the child's table in
+        #  self._tables; give the child the parent's chained block keys in self._keys (its full blocks
+        #  are the parent's).
+        # HINT: Store copies (list(parent_table)), not the parent's lists themselves: a shared list object
+        #  would make the child's new blocks appear in the parent's table too.
         for block in parent_table:
             self.allocator.incref(block)
         self._tables[child.request_id] = list(parent_table)
@@ -256,6 +263,14 @@ class KVCacheManager:
     def _copy_on_write(self, table: list[int], index: int, num_computed: int) -> None:
         """Replace shared ``table[index]`` with a fresh block, queueing a copy if it holds computed tokens."""
         # BEGIN SOLUTION Lab 2: take a fresh block (self._take_free_block); if the shared block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies; drop one reference to src; put the fresh block in table[index]
+        # HINT: A block that several tables list must not be written in place: the writer gets its own copy.
+        #  Only rows that already hold computed tokens need copying; a block none of whose rows are
+        #  computed yet needs no copy.
+        # HINT: Take a fresh block with self._take_free_block(); if index * block_size < num_computed, queue
+        #  (src, dst) on self._copies for the runner; drop the writer's reference to src; put the fresh
+        #  block at table[index].
+        # HINT: Drop the reference with self.allocator.decref(src), not self._release(src): other tables
+        #  still list src, so its count stays >= 1 and there is nothing to free or park.
         src, dst = table[index], self._take_free_block()
         if index * self.block_size < num_computed:
             self._copies.append((src, dst))
@@ -266,6 +281,14 @@ class KVCacheManager:
     def _release(self, block: int) -> None:
         """Drop one reference to ``block``; at 0 a cached block waits in the LRU, any other is free again."""
         # BEGIN SOLUTION Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached) is parked in the LRU, any other is released to the allocator's free list
+        # HINT: At count 0 a block may still be worth keeping: if the prefix cache knows its contents, a
+        #  later request with the same prefix can reuse it. Such a block waits on the LRU; any other
+        #  block is simply free again.
+        # HINT: self.allocator.decref(block) returns the new count; at 0, self.prefix_cache.is_cached(block)
+        #  chooses between self.prefix_cache.park(block) and self.allocator.release(block); above 0
+        #  nothing else happens.
+        # HINT: Park, never release, a cached block: released, it would stay registered in the prefix cache,
+        #  and the next hit would hand out a block that a new sequence is already writing.
         if self.allocator.decref(block) == 0:
             if self.prefix_cache.is_cached(block):
                 self.prefix_cache.park(block)

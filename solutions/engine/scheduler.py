@@ -60,6 +60,19 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         # BEGIN SOLUTION Lab 3: running requests first, oldest first: each gets min(tokens it still needs, budget); preempt the newest running request while allocate_slots fails; then admit waiting requests FCFS while budget and max_num_seqs allow
+        # HINT: Each step is planned afresh within a token budget and max_num_seqs. Running requests go
+        #  first, oldest first (a decode needs one token, an unfinished prompt its next chunk); what is
+        #  left of the budget admits waiting requests in order. When blocks run out the newest running
+        #  request is preempted, never the oldest.
+        # HINT: Walk self.running with an index: num_new = min(self._tokens_needed(request), budget); while
+        #  self.kv.allocate_slots(request, num_new) fails, preempt self.running[-1] (self._preempt, and
+        #  record it in out.preempted), giving up when the victim is the request itself; on success
+        #  record num_new and spend it. Then, only if nothing was preempted, admit from the front of
+        #  self.waiting while budget and max_num_seqs allow.
+        # HINT: Admitting: request.num_computed = self.kv.get_computed_tokens(request) first (prefix-cache
+        #  hits), then allocate_slots for min(the tokens left, budget); if that refuses,
+        #  self.kv.free(request), reset num_computed to 0 and stop admitting; else popleft, status
+        #  RUNNING, append to running, record its tokens.
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]

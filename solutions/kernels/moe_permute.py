@@ -42,6 +42,16 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
     worst_rows = num_assignments + num_experts * (block - 1)
     num_rows = -(-worst_rows // block) * block
     # BEGIN SOLUTION Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block
+    # HINT: A grouped GEMM multiplies a tile of BLOCK rows by one expert's weights, so the T * k assignments
+    #  are sorted by expert, each expert's group starts on a block boundary (padded to a multiple of
+    #  block), and each block records its expert.
+    # HINT: Sort the flat expert ids; count per expert and round each count up to a multiple of block;
+    #  exclusive cumulative sums give each group's start, unpadded and padded; each assignment goes to
+    #  its group's padded start plus its rank in the group; a block's expert comes from a search in the
+    #  padded cumulative counts.
+    # HINT: Sort stably (torch.argsort(flat, stable=True)) so each group keeps its assignments in token
+    #  order; the rank in a group is the position in sorted order minus the group's unpadded start;
+    #  blocks past the last group get expert -1.
     flat = experts.flatten()
     order = torch.argsort(flat, stable=True)
     # Counted with index_add_, not bincount: on a GPU bincount reads the largest id back to the host, a sync

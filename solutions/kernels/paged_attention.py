@@ -36,6 +36,15 @@ def _load_kv_tile(
     read through its block table row ``table_row``; positions where ``valid`` is false load as 0."""
     offs_d = tl.arange(0, HEAD_DIM)
     # BEGIN SOLUTION Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE] at offset p % BLOCK_SIZE; load the block ids (masked), then K and V rows there (masked, other=0; int64 offsets)
+    # HINT: The cache is [num_blocks, block_size, Hkv, D] and a sequence's tokens are scattered over it: its
+    #  block table row says where. Logical position p sits in physical block table_row[p // BLOCK_SIZE],
+    #  at row p % BLOCK_SIZE of that block.
+    # HINT: First one load of the physical block id of every position (table_row + pos // BLOCK_SIZE, masked
+    #  by valid), then one 2-D load each for K and V: base + block * stride_b + offset * stride_s + kv_h
+    #  * stride_h + offs_d, masked by valid[:, None] with other=0.0; return (k, v).
+    # HINT: Cast the block ids to tl.int64 before multiplying by the strides (block * stride_kb overflows
+    #  int32 on a large cache), and mask the table load as well as the K/V loads: past the sequence's
+    #  end the table holds padding.
     block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     offset = pos % BLOCK_SIZE
     k = tl.load(

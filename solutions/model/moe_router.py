@@ -42,6 +42,14 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     if not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k must be in [1, {router_logits.shape[1]}] (the number of experts), got {top_k}")
     # BEGIN SOLUTION Lab 5: softmax in float32 over experts, take the top_k probabilities, divide by their sum if renormalize
+    # HINT: The router scores each token against each expert; a softmax over the experts turns the scores
+    #  into probabilities, and the token runs through its k most probable experts, mixed by those
+    #  probabilities, renormalised to sum to 1 (Mixtral's rule).
+    # HINT: probs = a softmax over the last dim, in float32; topk(top_k) on probs gives the weights and the
+    #  expert ids (most probable first); divide the weights by their row sums when renormalize; return
+    #  Routing(...).
+    # HINT: Softmax router_logits.float(), not the bfloat16 logits: with 8 bits of mantissa close experts tie
+    #  or swap, and the weights would come back in bfloat16.
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
     if renormalize:
@@ -57,6 +65,13 @@ def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
     ``P_i``: mean over tokens of ``probs[:, i]``. Both sum to 1 over experts.
     """
     # BEGIN SOLUTION Lab 5: f = bincount of the chosen experts / (T * k); P = probs averaged over tokens; alpha * E * sum(f * P)
+    # HINT: The Switch loss multiplies two views of each expert's load: f_i, the share of all T * k
+    #  assignments it received (counted, no gradient), and P_i, the router's mean probability for it
+    #  (differentiable). The sum of f * P is smallest when the load is even.
+    # HINT: f = a bincount of every chosen expert id (minlength E) divided by the number of assignments; P =
+    #  probs averaged over tokens; the loss is alpha * E * sum(f * P).
+    # HINT: Count all k choices of every token (experts.flatten()), not only the first column, and keep P a
+    #  tensor: the gradient reaches the router through P alone.
     num_experts = routing.probs.shape[1]
     counts = torch.bincount(routing.experts.flatten(), minlength=num_experts)
     fraction = counts.float() / routing.experts.numel()

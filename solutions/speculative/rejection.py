@@ -74,6 +74,17 @@ def verify(
     valid = torch.arange(k, device=device)[None, :] < num_drafts.to(device)[:, None]  # [B, K]
     drafts = draft_token_ids.to(device).clamp(min=0)  # padding ids (-1) only sit at invalid positions
     # BEGIN SOLUTION Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts); the run ends at the first rejection (or the last valid draft); the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft
+    # HINT: Walk the drafts left to right: draft i survives with probability min(1, p_i(x_i) / q_i(x_i)), and
+    #  the first rejection ends the run. The token after the run comes from the residual norm(max(0, p -
+    #  q)) at the rejected position; if every real draft survived nothing was rejected, and the extra
+    #  token comes from p itself.
+    # HINT: All rows at once on [B, K] tensors: gather p_i(x_i) and q_i(x_i) (all ones for deterministic
+    #  drafts); accepted = u * q < p, and only at valid positions (< num_drafts); the run length is the
+    #  number of leading Trues (a cumprod, then a sum); then take each row's p at that position and the
+    #  q to subtract from it.
+    # HINT: Subtract q only in rows that stopped at a rejection (num_accepted < num_drafts); elsewhere the
+    #  residual is p. And where p == q leaves an all-zero residual (a rejection that had probability 0),
+    #  fall back to p.
     p_draft = target_probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # p_i(x_i), [B, K]
     q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
     accepted = (uniforms * q_draft < p_draft) & valid

@@ -63,6 +63,12 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
     ``parents[0] == -1`` (the root) and ``parents[i] < i``, so a node's row extends its parent's row.
     """
     # BEGIN SOLUTION Lab 4: each node sees itself and what its parent sees (parents come first, so build row by row)
+    # HINT: A drafted node may attend to the root, its own ancestors and itself, never to another branch: row
+    #  i of the mask is node i's path from the root.
+    # HINT: Start from an [N, N] bool tensor of False. Parents come before children, so fill the rows in
+    #  order: node i's row is its parent's row plus the diagonal entry (i, i).
+    # HINT: Copy the parent's whole row (it already lists every ancestor), then set the diagonal. Skip the
+    #  copy for the root: its parent is -1, and mask[-1] is the LAST row, not nothing.
     n = len(parents)
     mask = torch.zeros(n, n, dtype=torch.bool)
     for i, parent in enumerate(parents):
