@@ -11,6 +11,7 @@ from .engine_options import add_engine_args, engine_options
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
     "quant": "fp32 vs RTN vs AWQ: perplexity, weight bytes and batch-1 decode tokens/s",
+    "int4": "the W4A16 Triton kernels on a GPU: GB/s of weight bytes vs copy bandwidth and bf16 F.linear",
     "moe": "a MoE layer: grouped expert GEMM vs per-expert loop vs a dense FFN of equal active size",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
     "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",

@@ -315,6 +315,18 @@ def test_bad_moe_inputs_are_named(load):
         moe_gemm.grouped_gemm(x, w13, perm, 1, row_scale=torch.ones(3))
 
 
+def test_bench_moe_smoke_prints_both_tables_and_the_goals(capsys):
+    """``bench moe --smoke``: toy sizes, the kernel table through whatever device is here (the interpreter on a
+    CPU); the figures mean nothing, the rows, the grouped path's error and the goal lines must be there."""
+    from solutions.bench.moe import main
+
+    assert main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "goal at 16 tokens" in out and "goal: grouped >= 2x the per-expert loop" in out, out
+    grouped = [line for line in out.splitlines() if line.startswith("32 x 48") and "grouped" in line]
+    assert len(grouped) == 1 and float(grouped[0].split()[-1]) < 2e-2, f"grouped row or its error:\n{out}"
+
+
 @requires_cuda
 def test_fused_moe_replays_in_a_cuda_graph(load):
     """With check_ids=False the layer reads nothing back to the host: captured once (after the eager call that

@@ -91,21 +91,62 @@ def test_rtn_rejects_bad_arguments(load):
 
 # ---------------------------------------------------------------- the W4A16 kernels and the packed module
 
+# Kernel tests run where the kernels run: compiled on a GPU, through the Triton interpreter on a CPU.
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Max error relative to the largest output, against float64 x @ dequantized W^T. float32: the codes are
+# read exactly, scales and sums round in float32. bfloat16: the output (and, on tensor cores, each
+# dequantized weight) rounds to bfloat16.
+W4A16_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
+
+def _w4a16_case(load, m, n, k, group_size, dtype, seed):
+    """Random codes, scales and zeros as ``quant.rtn`` makes them, packed; x; the float64 product."""
+    rtn, pack = load("quant.rtn"), load("quant.pack")
+    gen = torch.Generator().manual_seed(seed)
+    g = rtn.quantize(torch.randn(n, k, generator=gen), 4, group_size)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    scales = g.scales.half()
+    expected = x.double() @ _dequantize_reference(g.q, scales, g.zeros, group_size).T
+    operands = [t.to(KERNEL_DEVICE) for t in (x, pack.pack_int4(g.q), scales, g.zeros)]
+    return operands, expected
+
+
+@pytest.mark.parametrize("split_k", [None, 3], ids=["tuned", "split3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "m, n, k, group_size",
-    [(1, 37, 96, 32), (3, 70, 200, 40), (4, 64, 128, 128), (5, 100, 256, 64), (33, 37, 96, 32), (17, 130, 320, 64)],
-)
-def test_w4a16_kernel_matches_dequantize_then_matmul(load, m, n, k, group_size):
-    """GEMV (m <= 4) and GEMM (m > 4) under the interpreter; odd N, K not a multiple of the tile, groups across tiles."""
-    rtn, pack, kernel = load("quant.rtn"), load("quant.pack"), load("kernels.awq_gemm")
-    gen = torch.Generator().manual_seed(m * 1000 + n)
-    g = rtn.quantize(torch.randn(n, k, generator=gen), 4, group_size)
-    x = torch.randn(m, k, generator=gen)
-    out = kernel.awq_gemm(x, pack.pack_int4(g.q), g.scales.half(), g.zeros, group_size)
-    expected = x.double() @ _dequantize_reference(g.q, g.scales.half(), g.zeros, group_size).T
-    assert out.shape == (m, n) and out.dtype == x.dtype
-    assert (out.double() - expected).abs().max() / expected.abs().max() < 1e-5
+    [(1, 37, 96, 32), (1, 70, 200, 40), (3, 70, 200, 40), (4, 64, 384, 128), (16, 130, 256, 64),
+     (100, 37, 320, 64)],
+)  # fmt: skip
+def test_w4a16_kernel_matches_dequantize_then_matmul(load, m, n, k, group_size, dtype, split_k):
+    """GEMV (1 row), the skinny GEMM (2-16 rows) and the prefill GEMM; odd N, K off the 128-wide tile, groups
+    of 32-128 and a non-power-of-two 40; split-K with splits that get no K tile (K = 96 is one tile)."""
+    kernel = load("kernels.awq_gemm")
+    (x, qweight, scales, zeros), expected = _w4a16_case(load, m, n, k, group_size, dtype, seed=m * 1000 + n)
+    out = kernel.awq_gemm(x, qweight, scales, zeros, group_size, split_k=split_k)
+    assert out.shape == (m, n) and out.dtype == dtype and out.device.type == KERNEL_DEVICE.type
+    err = ((out.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+    case = f"{m}x{n}x{k} g{group_size} {dtype}, split {split_k}"
+    assert err < W4A16_TOLERANCE[dtype], f"{case}: relative error {err:.2e} against float64"
+
+
+def test_w4a16_autotune_candidates_cover_every_launch(load):
+    """The candidates timed on CUDA, pruned per launch (checked here without a GPU): every row bucket keeps at
+    least one, the GEMV (one row) only GEMV tiles, rows beyond 16 no split, and a split keeps 2 K tiles."""
+    kernel = load("kernels.awq_gemm")
+    shapes = [(6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (49152, 2048), (37, 96)]  # 1.7B-shape
+    for float32 in (False, True):
+        for m_bucket in (1, 2, 4, 8, 16, 32, 64, 1024):
+            configs = (kernel._gemv_autotuned if m_bucket == 1 else kernel._gemm_autotuned).configs
+            for n, k in shapes:
+                kept = kernel._worth_timing(configs, m_bucket, n, k, 132, float32)
+                assert kept, f"no candidate for {m_bucket} rows, {n} x {k}, float32={float32}"
+                for c in kept:
+                    block_m, split = c.kwargs.get("BLOCK_M"), c.kwargs["SPLIT_K"]
+                    assert (block_m is None) == (m_bucket == 1), f"{c} for {m_bucket} rows"
+                    k_tiles = -(-k // kernel.BLOCK_K)
+                    assert split == 1 or (m_bucket <= 16 and k_tiles >= 2 * split), f"{c} at K={k}"
 
 
 def test_w4a16_kernel_rejects_mismatched_operands(load):
@@ -113,8 +154,58 @@ def test_w4a16_kernel_rejects_mismatched_operands(load):
     qweight, scales, zeros = torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1).half(), torch.zeros(8, 1)
     with pytest.raises(ValueError, match="features"):
         kernel.awq_gemm(torch.randn(2, 40), qweight, scales, zeros, 32)
-    with pytest.raises(ValueError, match="does not divide"):
+    with pytest.raises(ValueError, match="does not divide|multiple of 8"):
         kernel.awq_gemm(torch.randn(2, 32), qweight, scales, zeros, 24)
+    with pytest.raises(ValueError, match="split_k"):
+        kernel.awq_gemm(torch.randn(2, 32), qweight, scales, zeros, 32, split_k=0)
+
+
+def test_bench_int4_smoke_runs_every_product_and_states_the_goal(capsys):
+    """``bench int4 --smoke``: a toy shape through whatever device is here; the figures mean nothing, the
+    table, the kernel's error column and the goal lines must be there."""
+    from solutions.bench.int4 import main
+
+    assert main(["--smoke", "--rows", "1", "4"]) == 0
+    out = capsys.readouterr().out
+    products = {"qkv", "o", "gate_up", "down", "lm_head"}
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in products]
+    assert len(rows) == 10, f"expected 5 products x 2 row counts in:\n{out}"
+    assert max(float(row[-1]) for row in rows) < 1e-2, f"the kernel's error column is too large:\n{out}"
+    assert "goal: INT4 at one row" in out and "one decoder layer's products at 4 row(s)" in out, out
+
+
+@requires_cuda
+@pytest.mark.parametrize("m", [1, 4, 40], ids=lambda m: f"{m}rows")
+def test_w4a16_replays_in_a_cuda_graph_and_is_deterministic(load, m):
+    """After one eager call (which autotunes), the product replays from a CUDA graph for new activations, with
+    the same bits as an eager call: split-K partial sums are added in a fixed order, never by atomics."""
+    kernel = load("kernels.awq_gemm")
+    (x, qweight, scales, zeros), _ = _w4a16_case(load, m, 512, 2048, 64, torch.bfloat16, seed=m)
+    product = lambda: kernel.awq_gemm(x, qweight, scales, zeros, 64)  # noqa: E731
+    first = product()
+    assert torch.equal(first, product()), "two eager calls on one input differ: a nondeterministic reduction"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = product()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, product()), "the replayed graph differs from an eager call on the same input"
+
+
+@requires_cuda
+def test_quant_linear_cuda_runs_the_triton_kernels(load):
+    linear = load("quant.linear")
+    weight = torch.randn(192, 576, generator=torch.Generator().manual_seed(2)).cuda()
+    module = linear.QuantLinear.from_float(weight, 4, 64)
+    assert module.backend == "triton"
+    w = module.dequantize().double()
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, 576, device="cuda")
+        expected = x.double() @ w.T
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            y = module(x.to(dtype))
+            err = ((y.double() - expected).abs().max() / expected.abs().max()).item()
+            assert y.dtype == dtype and err < tol, f"{rows} rows, {dtype}: relative error {err:.2e}"
 
 
 def test_quant_linear_cpu_kernel_and_rows(load):
