@@ -89,7 +89,7 @@ def _split_range(K, BLOCK_K: tl.constexpr, SPLIT_K):
     return first, tl.minimum(first + per_split, tiles)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLIT_K"])  # one binary for every split: autotuning compiles less
 def _w4a16_gemv_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, partial_ptr, N, K, stride_xm, stride_qn, stride_sn,
     stride_sg, stride_zn, stride_zg, stride_om, float_16_bits, SPLIT_K,
@@ -100,8 +100,7 @@ def _w4a16_gemv_kernel(
 
     One FFMA per code: ``part[n, j] = sum_i x[8j + i] * (16 + c_i)``; the zero and the scale come in once
     per word, ``acc += s * (part - (16 + z) * sum_i x[8j + i])``; ``STAGES`` tiles of words are in flight.
-    With ``SPLIT_K == 1`` (a value Triton compiles as a constant) the result goes to ``out``, else to
-    ``partial[split]`` ``[M, N]`` float32.
+    With ``SPLIT_K == 1`` the result goes to ``out``, else to ``partial[split]`` ``[M, N]`` float32.
     """
     row, pid_n = tl.program_id(0), tl.program_id(1)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped columns are computed, never stored
@@ -131,7 +130,7 @@ def _w4a16_gemv_kernel(
         tl.store(partial, y, mask=offs_out < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "M_BUCKET", "SPLIT_K"])  # one binary for every row count and split
 def _w4a16_gemm_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, partial_ptr, M, N, K, M_BUCKET, stride_xm, stride_qn,
     stride_sn, stride_sg, stride_zn, stride_zg, stride_om, float_16_bits, SPLIT_K,
@@ -206,7 +205,7 @@ _SPLITS = (1, 2, 4, 8, 16)
 # Candidates on CUDA, each timed with every split worth timing. GEMV: (BLOCK_N, num_warps, STAGES).
 # Skinny (2-16 rows, SWAP_AB, BLOCK_M 16): (BLOCK_N, num_warps, num_stages). Prefill: (BLOCK_M, BLOCK_N,
 # num_warps, num_stages).
-_GEMV_TILES = [(128, 4, 1), (128, 4, 3), (256, 8, 1), (256, 8, 3)]
+_GEMV_TILES = [(128, 4, 1), (128, 4, 3), (256, 8, 3)]
 _SKINNY_TILES = [(64, 4, 3), (128, 4, 3), (256, 8, 3)]
 _PREFILL_TILES = [(64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 64, 4, 4)]
 INTERPRETER_BLOCK_N = 32

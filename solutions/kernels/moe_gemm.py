@@ -39,7 +39,7 @@ import triton.language as tl
 from .moe_permute import Permutation, permute
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_assignments", "num_blocks"])  # one binary whatever the batch size
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_experts_ptr, row_scale_ptr,
     N, K, num_assignments, num_blocks, stride_am, stride_we, stride_wn, stride_wk, stride_om,
