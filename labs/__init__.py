@@ -18,6 +18,7 @@ LAB_OF_MODULE = {
     "kernels.paged_attention": "2",
     "model.llama": "0",
     "model.moe_router": "5",
+    "parallel.layers": "9",
     "quant.awq": "6",
     "quant.pack": "6",
     "speculative.rejection": "4",

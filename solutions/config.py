@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ class EngineConfig:
     model to verify (Lesson 4); with "eagle", ``speculative_tree_nodes > 0`` drafts EAGLE-2 trees of that
     many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth) instead of
     chains; ``eagle_head`` is the head's file (default: the one shipped in data/spec/).
+    ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL on
+    cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off under it,
+    and speculative decoding and MoE models are not supported with it.
     """
 
     model: str | None = None
@@ -55,6 +59,7 @@ class EngineConfig:
     speculative_tree_top_k: int = 4
     eagle_head: str | None = None
     enforce_eager: bool = False
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -105,6 +110,32 @@ class EngineConfig:
             raise ValueError(f"draft trees need speculative='eagle', got speculative={self.speculative!r}")
         if self.group_size < 8 or self.group_size % 8:
             raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        """What tensor parallelism does not support in this version fails here, before any process starts."""
+        size = self.tensor_parallel_size
+        if self.speculative is not None:
+            raise ValueError(
+                f"speculative decoding ({self.speculative!r}) is not supported with tensor_parallel_size={size}"
+            )
+        if self.device.startswith("cuda"):
+            if self.device not in ("cuda", "cuda:0"):
+                raise ValueError(f"tensor parallelism runs rank r on cuda:r: give device 'cuda', not {self.device!r}")
+            if torch.cuda.device_count() < size:
+                raise ValueError(
+                    f"tensor_parallel_size={size} needs {size} GPUs (one per rank), torch sees "
+                    f"{torch.cuda.device_count()}"
+                )
+            if not self.enforce_eager:
+                logging.getLogger("fastmode").warning(
+                    "CUDA graphs are off under tensor parallelism (tensor_parallel_size=%d): every step runs eagerly",
+                    size,
+                )
+                self.enforce_eager = True
 
     def _int4_on_native_bf16_cpu(self) -> bool:
         """Quantized on a CPU that computes bfloat16 natively: torch's int4 kernel takes bfloat16 activations only

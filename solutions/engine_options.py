@@ -24,6 +24,7 @@ ENGINE_OPTION_HELP = {
     "num_threads": "CPU threads for torch (default: torch's choice)",
     "quantization": "rtn or awq: pack the weights to --w-bit integers (Lesson 6)",
     "enforce_eager": "run every step eagerly (no CUDA graphs)",
+    "tensor_parallel_size": "processes the model is split across by heads, one per GPU (Lesson 9; default: 1)",
 }
 
 

@@ -26,6 +26,18 @@ class LLM:
         self.engine = Engine(EngineConfig(model=model, **options))
         self.tokenizer = self.engine.tokenizer
 
+    def shutdown(self) -> None:
+        """End the engine's worker processes (tensor parallelism; nothing to do on one device). They also end when
+        the ``LLM`` is garbage collected and when the interpreter exits; the ``LLM`` cannot generate after this."""
+        if self.engine.workers is not None:
+            self.engine.workers.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

@@ -16,6 +16,7 @@ device-to-host copy: the sampled token ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,8 @@ class ModelRunner:
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
         self._tokens_ready = torch.cuda.Event() if on_cuda else None
+        # Lesson 9: under tensor parallelism, sends each step (its block copies, inputs, packed buffer) to the workers.
+        self.step_broadcast: Callable[[list[tuple[int, int]], StepInputs, torch.Tensor], None] | None = None
 
     @torch.inference_mode()
     def execute(
@@ -87,6 +90,8 @@ class ModelRunner:
                 parents = tree_rows[request.request_id] = trees[request.request_id][: counts[request.request_id]]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
         inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
+        if self.step_broadcast is not None:  # the other ranks run this same forward on their shards
+            self.step_broadcast(plan.block_copies, inputs, self.batch.staging.device)
         tree_specs = self._tree_specs(plan, inputs, tree_rows) if tree_rows else None
         logits, hidden = self.forward(inputs, tree_specs)
         return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
