@@ -121,8 +121,12 @@ class TorchPagedStep:
 
     The gathers write into buffers made by the first layer and reused by every later one: a fresh multi-megabyte
     tensor per layer costs the allocator's page faults as well as the copy (measured 2-3x slower on CPU). A lone
-    sequence whose blocks are consecutive in the cache (a fresh engine's common case at batch 1) is not gathered
-    at all: its context is a view of the cache.
+    prompt whose blocks are consecutive in the cache is not gathered at all: its context is a view of the cache.
+    Nor is a lone decode (batch 1) whose block ids form one run, in whatever order (ascending as a fresh allocator
+    hands them out, descending as a freed sequence's blocks come back): its one query sees its whole context and
+    attention does not depend on the order of its keys, so the context is one view (``context_run``). Blocks in
+    several runs are gathered: reading each run in place and merging by log-sum-exp measured slower than the
+    gather up to 2k tokens of context (``bench decode --attention``).
     """
 
     def __init__(
@@ -208,7 +212,10 @@ class TorchPagedStep:
                 visible = torch.arange(longest)[None, :] < member_lens[:, None]
                 mask = _additive(visible.to(table.device), dtype)[:, None, None, :]
             bucket_table = bucket_table[:, : -(-longest // block_size)]
-            buckets.append(DecodeBucket(rows, bucket_table, longest, mask, _first_of_run(bucket_table)))
+            run = None
+            if len(lens) == 1:
+                run = context_run(bucket_table[0].tolist(), longest, block_size, dtype, table.device)
+            buckets.append(DecodeBucket(rows, bucket_table, longest, mask, run))
         return buckets
 
     def _decode(self, q, k_cache, v_cache, sm_scale):
@@ -223,7 +230,9 @@ class TorchPagedStep:
 
     def _decode_bucket(self, i, q, k_cache, v_cache, sm_scale):
         bucket = self.decode_buckets[i]
-        keys, values = self._context(i, k_cache, v_cache, bucket.table, bucket.first_block)
+        if bucket.run is not None:
+            return attend_run(q, k_cache, v_cache, bucket.run, sm_scale)
+        keys, values = self._context(i, k_cache, v_cache, bucket.table, None)
         keys, values = keys[:, :, : bucket.length], values[:, :, : bucket.length]
         return _sdpa(q.unsqueeze(2), keys, values, bucket.mask, sm_scale).squeeze(2)
 
@@ -247,13 +256,64 @@ class DecodeBucket:
     """Decodes attended together: ``rows`` of the step's decode queries (None: all of them, in order), their
     block ``table`` ``[b, blocks]`` (int64), the longest context ``length``, and the additive ``mask``
     ``[b, 1, 1, length]`` hiding each shorter context's padding (None when every context has that length), and
-    ``first_block`` when the bucket is one sequence whose blocks are consecutive (read as a view, not gathered)."""
+    ``run`` when the bucket is one sequence read in place (None: gathered)."""
 
     rows: torch.Tensor | None
     table: torch.Tensor
     length: int
     mask: torch.Tensor | None
-    first_block: int | None = None
+    run: CacheRun | None = None
+
+
+@dataclass(frozen=True)
+class CacheRun:
+    """Rows ``start : start + length`` of one layer's cache viewed as ``[num_slots, Hkv, D]``, read in place, and
+    the additive ``mask`` ``[1, 1, 1, length]`` hiding the stale rows among them (None: every row is context)."""
+
+    start: int
+    length: int
+    mask: torch.Tensor | None
+
+
+def context_run(
+    blocks: list[int], length: int, block_size: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> CacheRun | None:
+    """The cache rows of one sequence's ``length`` tokens as one run, when its blocks ``blocks`` (its block table cut
+    to ``ceil(length / block_size)`` entries) are consecutive ids in any order; else None. Valid for a query that
+    sees the whole context (a decode): the rows come in block-id order, not in token order.
+
+    Only the last block can be partly filled: its rows past the last token are cut off when it is the run's
+    highest block, and masked when it is not (a table in descending order)::
+
+        blocks [9, 8, 7], length 40, block_size 16:   rows 112 ......... 128 ......... 144 ......... 160
+                                                           | 7: t32-t39, stale | 8: t16-t31 | 9: t0-t15 |
+                                                           one run of 48 rows; rows 120-127 masked
+    """
+    low, high = min(blocks), max(blocks)
+    if high - low != len(blocks) - 1 or len(set(blocks)) != len(blocks):
+        return None
+    start, stop, mask = low * block_size, (high + 1) * block_size, None
+    last = blocks[-1]
+    stale = range(last * block_size + length - (len(blocks) - 1) * block_size, (last + 1) * block_size)
+    if stale and last == high:
+        stop = stale.start
+    elif stale:
+        visible = torch.ones(stop - start, dtype=torch.bool, device=device)
+        visible[stale.start - start : stale.stop - start] = False
+        mask = _additive(visible, dtype).view(1, 1, 1, -1)
+    return CacheRun(start, stop - start, mask)
+
+
+def attend_run(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, run: CacheRun, sm_scale: float | None
+) -> torch.Tensor:
+    """One sequence's decode query q ``[1, Hq, D]`` over its context, read in place: ``run`` of the caches
+    ``[num_blocks, block_size, Hkv, D]``."""
+    keys, values = (
+        cache.view(-1, *cache.shape[2:])[run.start : run.start + run.length].transpose(0, 1).unsqueeze(0)
+        for cache in (k_cache, v_cache)
+    )
+    return _sdpa(q.unsqueeze(2), keys, values, run.mask, sm_scale).squeeze(2)
 
 
 def first_of_run(ids: torch.Tensor) -> int | None:
