@@ -1,0 +1,225 @@
+"""The fused CPU layer ops (``model/cpu_layer_ops.py`` over ``kernels/cpu_aot.py``): each chain against a
+float64 reference and against ``PLAIN_OPS``, in float32 and bfloat16, at sizes no library was compiled for;
+inputs a library was not built for falling back to the plain chain; a tiny random Llama decoding the same
+greedy tokens with them; and the choice: compiled where it measures faster, plain without a C++ compiler.
+
+The first run on a machine compiles six small libraries (minutes); later runs load them in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from solutions.kernels import cpu_aot
+from solutions.model import cpu_layer_ops
+from solutions.model.config import ModelConfig
+from solutions.model.cpu_linear import REGIMES
+from solutions.model.llama import PLAIN_OPS, LlamaModel, fused_weight_sources
+
+DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
+# Relative error to the float64 reference: the fused chain may be at most this much worse than the plain one.
+SLACK = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def fused(request):
+    """The fused chains of one dtype (skipped where no library can be built: no C++ compiler)."""
+    dtype = request.param
+    runners = cpu_layer_ops.compiled_chains(dtype)
+    if not runners:
+        pytest.skip("AOTInductor cannot build libraries here (no working C++ compiler?)")
+    return dtype, {name: cpu_layer_ops.FUSED[name](run, dtype) for name, run in runners.items()}
+
+
+def reference(name: str, args: tuple) -> list[torch.Tensor]:
+    """The chain in float64, written out from its definition (not through the function under test)."""
+    if name == "add_rms_norm":
+        x, residual, weight, eps = args
+        stream = x.double() + residual.double()
+        normed = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+        return [normed, stream]
+    if name == "rope":
+        qk, cos, sin = (t.double() for t in args)
+        half = qk.shape[-1] // 2
+        a, b = qk[..., :half], qk[..., half:]
+        c, s = cos[:, None, :half], sin[:, None, :half]
+        return [torch.cat([a * c - b * s, b * c + a * s], dim=-1)]
+    gate, up = args[0].double().chunk(2, dim=-1)
+    return [gate * torch.sigmoid(gate) * up]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+def outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+# Sizes no library was compiled for (the examples are 40 / 5+2 heads of 8 / 7): odd widths, a GQA ratio of 3.
+SIZES = [
+    pytest.param(dict(hidden=576, heads=12, kv_heads=3, head_dim=64, intermediate=1536), id="smollm2"),
+    pytest.param({"hidden": 33, "heads": 4, "kv_heads": 1, "head_dim": 6, "intermediate": 13}, id="odd"),
+]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 130])
+@pytest.mark.parametrize("sizes", SIZES)
+@pytest.mark.parametrize("name", list(cpu_layer_ops.CHAINS))
+def test_fused_chain_matches_float64_and_plain(fused, name, sizes, rows):
+    dtype, chains = fused
+    args = cpu_layer_ops.CHAINS[name].inputs(rows, sizes, dtype, torch.Generator().manual_seed(rows))
+    if name == "add_rms_norm":
+        args = (*args[:3], 1e-5)  # the model passes eps as a float
+    with torch.inference_mode():
+        got, plain = outputs(chains[name](*args)), outputs(cpu_layer_ops.CHAINS[name].plain(*args))
+    for i, (g, p, want) in enumerate(zip(got, plain, reference(name, args), strict=True)):
+        what = f"{name} output {i} ({dtype}, {rows} rows, {sizes})"
+        assert g.dtype == p.dtype == dtype and g.shape == p.shape, f"{what}: {g.dtype} {tuple(g.shape)}"
+        fused_err, plain_err = rel_err(g, want), rel_err(p, want)
+        assert fused_err <= plain_err + SLACK[dtype], (
+            f"{what}: relative error {fused_err:.2e}, the plain chain's {plain_err:.2e}"
+        )
+        if dtype == torch.float32 and name == "rope":  # two products and a sum per element, as eager
+            same = torch.equal(g, p)
+            assert same, f"rope ({rows} rows, {sizes}): float32 result differs from the plain chain's"
+
+
+def test_inputs_a_library_was_not_built_for_run_the_plain_chain(fused):
+    """Another dtype, a missing residual (the first layer), a strided input, a tensor needing gradients: the
+    plain function's result, not a wrong read of memory."""
+    dtype, chains = fused
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    x, weight = torch.randn(4, 24).to(dtype), torch.ones(24, dtype=dtype)
+    cases = [
+        ("add_rms_norm", (x.to(other), x.to(other), weight.to(other), 1e-5)),
+        ("add_rms_norm", (x, None, weight, 1e-5)),
+        ("add_rms_norm", (torch.randn(24, 4).to(dtype).t(), x, weight, 1e-5)),
+        ("silu_mul", (torch.randn(8, 4).to(dtype).t(),)),
+        ("silu_mul", (torch.randn(4, 8, dtype=dtype, requires_grad=True),)),
+        ("rope", (torch.randn(2, 3, 8).to(other), torch.randn(2, 8).to(other), torch.randn(2, 8).to(other))),
+    ]
+    for i, (name, args) in enumerate(cases):
+        got, want = outputs(chains[name](*args)), outputs(cpu_layer_ops.CHAINS[name].plain(*args))
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), f"case {i}: {name} differs"
+
+
+TINY = ModelConfig(
+    vocab_size=97, hidden_size=48, intermediate_size=40, num_layers=2, num_heads=6, num_kv_heads=2,
+    head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=128, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def tiny_llama(dtype: torch.dtype) -> LlamaModel:
+    """A random 2-layer Llama (GQA ratio 3) with Hugging Face tensor names."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        shapes = dict(LlamaModel(TINY).named_parameters())
+    state = {}
+    rows = {"q_proj": TINY.num_heads * TINY.head_dim, "k_proj": TINY.num_kv_heads * TINY.head_dim}
+    rows["v_proj"] = rows["k_proj"]
+    for name, sources in fused_weight_sources(TINY).items():
+        shape = shapes[name].shape
+        for source in sources:
+            if name.endswith("norm.weight"):
+                state[source] = 1 + 0.1 * torch.randn(shape, generator=generator)
+            else:  # fused Q/K/V and gate/up are stacked by rows: each source has its own share
+                part = source.split(".")[-2]
+                source_rows = rows.get(part, shape[0] // len(sources))
+                state[source] = torch.randn(source_rows, *shape[1:], generator=generator) * shape[-1] ** -0.5
+    return LlamaModel.from_state_dict(TINY, state, "cpu", dtype)
+
+
+def greedy_decode(model: LlamaModel, ops, prompt: list[int], new_tokens: int):
+    """Prefill, then one-token decode steps through the engine's paged CPU attention: the new tokens, and
+    each step's logits."""
+    from solutions.cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
+
+    model.use_ops(ops)
+    cache = PagedKVCache(TINY.num_layers, 8, 16, TINY.num_kv_heads, TINY.head_dim, torch.float32, "cpu")
+    blocks = torch.tensor([5, 2, 6], dtype=torch.int32)  # out of order, as a used engine hands them out
+    tokens, logits = list(prompt), []
+    with torch.inference_mode():
+        for step in range(new_tokens):
+            start = 0 if step == 0 else len(tokens) - 1
+            positions = torch.arange(start, len(tokens))
+            meta = AttentionMetadata(
+                slot_mapping=blocks[positions // 16].long() * 16 + positions % 16,
+                block_table=blocks[None],
+                query_start_loc=torch.tensor([0, len(positions)], dtype=torch.int32),
+                seq_lens=torch.tensor([len(tokens)], dtype=torch.int32),
+                max_query_len=len(positions),
+                max_seq_len=len(tokens),
+            )
+            hidden = model(torch.tensor(tokens[start:]), positions, PagedAttention(cache, meta, "torch"))
+            logits.append(model.logits(hidden[-1:])[0])
+            tokens.append(int(logits[-1].argmax()))
+    return tokens[len(prompt) :], torch.stack(logits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiny_llama_decodes_the_same_with_fused_ops(dtype, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))  # the decisions: measured afresh
+    model = tiny_llama(dtype)
+    ops = cpu_layer_ops.cpu_layer_ops(model)
+    if ops is PLAIN_OPS:
+        pytest.skip("no fused chain measured faster or could be built here")
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19, 71]
+    plain_tokens, plain_logits = greedy_decode(model, PLAIN_OPS, prompt, 12)
+    fused_tokens, fused_logits = greedy_decode(model, ops, prompt, 12)
+    assert fused_tokens == plain_tokens, f"{dtype}: greedy tokens differ with {ops.name} ops"
+    error = float((fused_logits - plain_logits).norm() / plain_logits.norm())
+    bound = 1e-5 if dtype == torch.float32 else 2e-2
+    assert error < bound, f"{dtype}: logits differ by {error:.1e} (relative)"
+
+
+@pytest.mark.parametrize("missing", ["compiler", "build"])
+def test_without_a_compiler_the_plain_ops_with_one_log_line(missing, tmp_path, monkeypatch, caplog):
+    """No C++ compiler on PATH, or a build that fails: PLAIN_OPS, one warning, no exception, no second try."""
+    monkeypatch.setenv("FASTMODE_KERNEL_CACHE", str(tmp_path / "kernels"))  # nothing compiled there yet
+    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path / "cache"))
+    if missing == "compiler":
+        monkeypatch.setattr(cpu_aot.shutil, "which", lambda name: None)  # as on a machine without g++
+    else:
+
+        def failing_build(*args):
+            raise OSError("g++: exit status 1")
+
+        monkeypatch.setattr(cpu_aot, "_compile", failing_build)
+    with caplog.at_level(logging.INFO, logger="fastmode"):
+        assert cpu_layer_ops.cpu_layer_ops(tiny_llama(torch.float32)) is PLAIN_OPS
+        assert cpu_layer_ops.cpu_layer_ops(tiny_llama(torch.float32)) is PLAIN_OPS
+    lines = [r.getMessage() for r in caplog.records if "fused CPU ops" in r.getMessage()]
+    why = "no C++ compiler" if missing == "compiler" else "g++: exit status 1"
+    assert len(lines) == (1 if missing == "compiler" else 2), f"expected one line saying why, got {lines}"
+    assert why in lines[-1] and "plain ops" in lines[-1], lines[-1]
+
+
+def test_the_choice_follows_the_measurement_per_regime(tmp_path, monkeypatch):
+    """A chain measured slower than plain is not chosen; one faster at one row only runs at one row."""
+    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))
+    if not cpu_layer_ops.compiled_chains(torch.float32):
+        pytest.skip("AOTInductor cannot build libraries here (no working C++ compiler?)")
+    plain_wins = {r: {"path": "plain", "us": {"plain": 1.0, "compiled": 2.0}} for r in REGIMES}
+    monkeypatch.setattr(cpu_layer_ops, "measure_chain", lambda *args: plain_wins)
+    model = tiny_llama(torch.float32)
+    assert cpu_layer_ops.cpu_layer_ops(model, use_cache=False) is PLAIN_OPS
+    decode_only = {**plain_wins, "decode": {"path": "compiled", "us": {"plain": 2.0, "compiled": 1.0}}}
+    monkeypatch.setattr(cpu_layer_ops, "measure_chain", lambda *args: decode_only)
+    rows_seen = []
+    fused_silu = cpu_layer_ops.FUSED["silu_mul"]
+
+    def spying_silu(run, dtype):
+        fused = fused_silu(run, dtype)
+        return lambda gate_up: rows_seen.append(gate_up.shape[0]) or fused(gate_up)
+
+    monkeypatch.setitem(cpu_layer_ops.FUSED, "silu_mul", spying_silu)
+    ops = cpu_layer_ops.cpu_layer_ops(model, use_cache=False)
+    assert ops.name == "cpu-fused"
+    for rows in (1, 4, 100):
+        gate_up = torch.randn(rows, 80)
+        assert torch.equal(ops.silu_mul(gate_up), PLAIN_OPS.silu_mul(gate_up)), f"{rows} rows"
+    assert rows_seen == [1], f"the compiled chain ran at {rows_seen} rows; it won only at one row (decode)"
