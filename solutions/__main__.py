@@ -19,6 +19,7 @@ BENCHES = {
     "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",
     "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
     "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
+    "tp": "tensor parallelism: tokens/s at N ranks, bytes all-reduced vs weight bytes per token, H200 prediction",
 }
 
 
