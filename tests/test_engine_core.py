@@ -169,6 +169,7 @@ def test_snapshots_do_not_share_mutable_state(llm, sp):
     assert m.queue_time >= 0 and m.ttft > 0 and len(m.itl) == 4 and m.tpot > 0
 
 
+@pytest.mark.interpreter  # a CPU engine on the Triton kernels
 def test_triton_backend_gives_the_same_tokens(load, sp, llm):
     """The Lesson 2 kernels (store_kv, the varlen paged prefill, the paged decode; through the interpreter on CPU)
     drive the engine to the same greedy tokens as the torch path."""
