@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -295,6 +296,39 @@ def test_autotune_candidates_fit_every_launch(load):
                     stage = (block_m * k + (2 if gated else 1) * k * n) * dtype.itemsize
                     fits = c.num_stages * stage <= moe_gemm.SHARED_MEMORY_BYTES
                     assert fits, f"{c} overflows shared memory at BLOCK_M={block_m}, gated={gated}, {dtype}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernel runs this path for real")
+def test_grouped_gemm_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
+    """The CUDA launch path (the autotuner's key, the pruning by BLOCK_M and gating, the grid from the chosen
+    BLOCK_N) driven through the interpreter with small candidates and a wall-clock timer."""
+    import triton
+
+    moe_gemm = load("kernels.moe_gemm")
+
+    def timer(kernel_call, quantiles):
+        start = time.perf_counter()
+        kernel_call()
+        return [time.perf_counter() - start] * len(quantiles)
+
+    candidates = {16: [(64, 32, 4, 2), (32, 32, 4, 2)]}  # a gated launch halves the N tile: 32 and 16
+    configs = [triton.Config({"BLOCK_N": n, "BLOCK_K": 32, "GROUP_SIZE_M": 2}, num_warps=4, num_stages=2)
+               for n in (16, 32, 64)]  # fmt: skip
+    pruning = {"early_config_prune": moe_gemm._prune_configs}
+    key = ["N", "K", "BLOCK_M", "GATED"]
+    autotune = triton.autotune(configs, key, prune_configs_by=pruning, do_bench=timer)
+    tuned = autotune(moe_gemm._grouped_gemm_kernel)
+    monkeypatch.setattr(moe_gemm, "autotunes_on", lambda device: True)
+    monkeypatch.setattr(moe_gemm, "_CUDA_CANDIDATES", candidates)
+    monkeypatch.setattr(moe_gemm, "_grouped_gemm_autotuned", tuned)
+    x, w13, w2, g = _moe_inputs(37, 48, 40, 6, seed=5)
+    experts = torch.rand(37, 6, generator=g).argsort(dim=1)[:, :2]
+    weights = torch.rand(37, 2, generator=g)
+    expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
+    ours = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
+    err = ((ours.double() - expected).abs().max() / expected.abs().max()).item()
+    assert err < 1e-5, f"through the autotuned path: relative error {err:.2e}"
+    assert tuned.best_config.kwargs["BLOCK_N"] in (32, 64), "the down launch ran another launch's candidate"
 
 
 def test_bad_moe_inputs_are_named(load):

@@ -149,6 +149,50 @@ def test_w4a16_autotune_candidates_cover_every_launch(load):
                     assert split == 1 or (m_bucket <= 16 and k_tiles >= 2 * split), f"{c} at K={k}"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernels run this path for real")
+def test_w4a16_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
+    """The CUDA launch path (candidates pruned per launch, the post-hook that adds a split's partial sums
+    inside each timed call, the chosen split read back for the real call) driven through the interpreter,
+    with small candidates and a timer that prefers the last one, the largest split: what only a GPU runs."""
+    import itertools
+
+    import triton
+
+    kernel = load("kernels.awq_gemm")
+    countdown = itertools.count(1000, -1)
+
+    def timer(kernel_call, quantiles):
+        kernel_call()
+        return [next(countdown)] * len(quantiles)
+
+    def tuned(jitted, configs, key):
+        pruning = {"early_config_prune": kernel._prune}
+        hook = kernel._sum_splits_when_timed
+        return triton.autotune(configs, key, prune_configs_by=pruning, post_hook=hook, do_bench=timer)(jitted)
+
+    gemv = [triton.Config({"BLOCK_N": 32, "SPLIT_K": s, "STAGES": 1}) for s in (1, 2, 4)]
+    skinny = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": s, "GROUP_SIZE_M": 1, "SWAP_AB": True})
+              for s in (1, 2, 4)]  # fmt: skip
+    prefill = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_K": 1, "GROUP_SIZE_M": 2, "SWAP_AB": 0})]
+    gemv_tuned = tuned(kernel._w4a16_gemv_kernel, gemv, ["N", "K", "GROUP"])
+    gemm_tuned = tuned(kernel._w4a16_gemm_kernel, skinny + prefill, ["M_BUCKET", "N", "K", "GROUP"])
+    monkeypatch.setattr(kernel, "autotunes_on", lambda device: True)
+    monkeypatch.setattr(kernel, "_sm_count", lambda device_index: 4)
+    monkeypatch.setattr(kernel, "_gemv_autotuned", gemv_tuned)
+    monkeypatch.setattr(kernel, "_gemm_autotuned", gemm_tuned)
+    kernel._max_split.cache_clear()
+    try:
+        for m, split in ((1, 4), (4, 4), (40, 1)):  # 2 column tiles x 8 K tiles on 4 SMs: splits up to 4
+            (x, qweight, scales, zeros), expected = _w4a16_case(load, m, 64, 1024, 64, torch.float32, seed=m)
+            out = kernel.awq_gemm(x, qweight, scales, zeros, 64)
+            chosen = (gemv_tuned if m == 1 else gemm_tuned).best_config.kwargs["SPLIT_K"]
+            assert chosen == split, f"{m} rows: the timer picks the last candidate (split {split}): {chosen}"
+            err = ((out.double() - expected).abs().max() / expected.abs().max()).item()
+            assert err < 1e-5, f"{m} rows, autotuned path, split {chosen}: relative error {err:.2e}"
+    finally:
+        kernel._max_split.cache_clear()
+
+
 def test_w4a16_kernel_rejects_mismatched_operands(load):
     kernel = load("kernels.awq_gemm")
     qweight, scales, zeros = torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1).half(), torch.zeros(8, 1)

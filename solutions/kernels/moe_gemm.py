@@ -152,6 +152,11 @@ _grouped_gemm_autotuned = triton.autotune(
 )(_grouped_gemm_kernel)
 
 
+def autotunes_on(device: torch.device) -> bool:
+    """Whether launches on ``device`` are autotuned: on CUDA, where timing them means something."""
+    return device.type == "cuda"
+
+
 def block_m_for(num_assignments: int, num_experts: int) -> int:
     """The row block (and permutation padding) for a batch: 16 rows when experts get a few rows each
     (decode: the weights are the cost, padding is free), up to 128 when they get hundreds (prefill:
@@ -203,7 +208,7 @@ def grouped_gemm(
         TOP_K=top_k, GATED=gated, SCALE_ROWS=row_scale is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=perm.block,
     )  # fmt: skip
-    if a.device.type == "cuda":
+    if autotunes_on(a.device):
         _grouped_gemm_autotuned[lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)](*args, **meta)
     else:  # the interpreter: one fixed small tile, no autotuning
         grid = (num_blocks * triton.cdiv(n_out, INTERPRETER_TILES["BLOCK_N"]),)
