@@ -38,6 +38,15 @@ out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, m
 print(out[0].outputs[0].text, out[0].metrics.summary())
 """
 
+import os as _os
+
+import torch as _torch
+
+if not _torch.cuda.is_available():
+    # Without a GPU, Triton kernels run only through its interpreter, which must be chosen before the first
+    # import of triton.language (a kernel module imported later cannot switch it).
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from .config import EngineConfig
 from .engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .engine.sampling_params import SamplingParams

@@ -1,4 +1,5 @@
-"""FlashAttention-2 kernel (Lab 1) against the float64 reference, through the interpreter on CPU.
+"""FlashAttention-2 kernel (Lab 1) against the float64 reference: compiled on a GPU, through the Triton
+interpreter on CPU (``kernel_device.KERNEL_DEVICE``).
 
 Each check names what it tried and the likely cause when it fails (`make grade LAB=1`).
 """
@@ -7,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_device import KERNEL_DEVICE
 
 from solutions.kernels.reference import reference_attention
 
 pytestmark = pytest.mark.lab1
 
-# Relative error bounds: fp32 is near exact; half types round P to 8 or 11 mantissa bits before P @ V.
+# Relative error bounds: fp32 is near exact on both devices (its tl.dot runs in IEEE float32, not TF32); half
+# types round P to 8 or 11 mantissa bits before P @ V.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 # (Hq, Hkv, Lq, Lk, D): odd lengths, Lq < Lk (a chunk over a cached prefix), GQA ratio 3, D 64 and 128.
 SHAPES = [
@@ -25,7 +28,8 @@ DTYPES = [pytest.param(dtype, id=str(dtype).removeprefix("torch.")) for dtype in
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
 
 
 def expect_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str, likely: str) -> None:
@@ -43,7 +47,11 @@ def expect_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str, li
 
 
 def reference(q, k, v, causal):
-    return reference_attention(q.double(), k.double(), v.double(), causal=causal)
+    return reference_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=causal)
+
+
+def on_device(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(KERNEL_DEVICE) for t in tensors)
 
 
 @pytest.fixture
@@ -59,6 +67,7 @@ def test_matches_reference(fa, shape, causal, dtype):
     gen = torch.Generator().manual_seed(lq * 100 + lk)
     q = torch.randn(2, hq, lq, d, generator=gen).to(dtype)
     k, v = torch.randn(2, 2, hkv, lk, d, generator=gen).to(dtype).unbind(0)
+    q, k, v = on_device(q, k, v)
     out = fa.flash_attention(q, k, v, causal=causal)
     assert out.shape == q.shape and out.dtype == dtype
     likely = (
@@ -67,15 +76,17 @@ def test_matches_reference(fa, shape, causal, dtype):
         else "the loop over key blocks (every block up to hi, each K and V tile masked past k_len), "
         "or the rescaling by exp2(m_old - m_new) in _online_softmax_step"
     )
+    if dtype == torch.float32 and KERNEL_DEVICE.type == "cuda":
+        likely += "; in float32 on a GPU, a tl.dot left at its TF32 default: _dot keeps IEEE float32"
     expect_close(out, reference(q, k, v, causal), TOLERANCE[dtype], f"q {tuple(q.shape)}, k {tuple(k.shape)}", likely)
 
 
 def test_lse_and_scale(fa):
     q, k, v = torch.randn(3, 1, 3, 13, 64).unbind(0)
-    out, lse = fa.flash_attention(q, k, v, causal=True, sm_scale=0.3, return_lse=True)
+    out, lse = fa.flash_attention(*on_device(q, k, v), causal=True, sm_scale=0.3, return_lse=True)
     scores = (q.double() @ k.double().transpose(-1, -2)) * 0.3
     scores = scores.masked_fill(torch.ones(13, 13, dtype=torch.bool).triu(1), float("-inf"))
-    lse_err = (lse.double() - scores.logsumexp(-1)).abs().max().item()
+    lse_err = (lse.double().cpu() - scores.logsumexp(-1)).abs().max().item()
     assert lse_err < 1e-5, f"LSE off by up to {lse_err:.3g}: it is m + log2(l) in base 2, divided by log2(e)"
     expect_close(
         out,
@@ -92,7 +103,7 @@ def test_varlen_matches_per_sequence(fa):
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
     q = torch.randn(sum(lens_q), 3, 64)
     k, v = torch.randn(2, sum(lens_k), 1, 64).unbind(0)
-    out = fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), causal=True)
+    out = fa.flash_attention_varlen(*on_device(q, k, v, cu_q, cu_k), max(lens_q), causal=True).cpu()
     for b in range(3):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         as4d = lambda t: t.transpose(0, 1)[None]
@@ -133,7 +144,7 @@ def test_poisoned_output_is_overwritten(fa, monkeypatch):
     # Every output row, including those past a tile edge, must be written: NaN-filled buffers expose misses.
     real_empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan")))
-    q, k, v = torch.randn(3, 1, 3, 17, 64).unbind(0)
+    q, k, v = on_device(*torch.randn(3, 1, 3, 17, 64).unbind(0))
     out = fa.flash_attention(q, k, v, causal=True)
     missed = int((~torch.isfinite(out)).sum())
     assert missed == 0, f"{missed} outputs still NaN: rows past a tile edge or masked scores were not handled"
@@ -150,13 +161,14 @@ def test_poisoned_output_is_overwritten(fa, monkeypatch):
     ],
 )
 def test_clear_errors(fa, q_shape, k_shape, dtypes, match):
-    q = torch.randn(q_shape, dtype=dtypes[0] if dtypes else torch.float32)
-    k = torch.randn(k_shape, dtype=dtypes[1] if dtypes else torch.float32)
+    q = torch.randn(q_shape, dtype=dtypes[0] if dtypes else torch.float32, device=KERNEL_DEVICE)
+    k = torch.randn(k_shape, dtype=dtypes[1] if dtypes else torch.float32, device=KERNEL_DEVICE)
     with pytest.raises(ValueError, match=match):
         fa.flash_attention(q, k, k, causal=False)
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter  # the CPU engine's tensors through the Triton kernel
 def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
     """The model on the Triton kernel gives the torch backend's logits; the engine's prefill uses it too.
 
@@ -195,6 +207,8 @@ def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
     assert via_triton == llm.generate("The capital of France is", params)[0].outputs[0].token_ids
 
 
+@pytest.mark.interpreter  # a CPU engine on the Triton kernels
+@pytest.mark.needs_model
 def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
     """``LLM(attention_backend="triton")`` runs the paged Triton kernel, built on the online-softmax step under test."""
     paged = load("kernels.paged_attention")
@@ -206,3 +220,9 @@ def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
     llm = load("llm").LLM(device="cpu", attention_backend="triton", max_model_len=64)
     llm.generate("Hello there, friend", load("engine.sampling_params").SamplingParams(max_tokens=2))
     assert calls and len(calls) % 30 == 0, f"the Triton kernel ran {len(calls)} times; one call per layer and step"
+
+
+def test_bench_attention_smoke(load, capsys):
+    """``bench attention --smoke`` runs the GPU table's code on tiny shapes (interpreter on a CPU)."""
+    assert load("bench.attention").main(["--smoke"]) == 0
+    assert "ours/sdpa" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""Paged KV kernels (Lab 2): ``store_kv`` and ``paged_attention`` against float64 references, through the
-Triton interpreter on CPU.
+"""Paged KV kernels (Lab 2): ``store_kv`` and ``paged_attention`` against float64 references, compiled on a
+GPU and through the Triton interpreter on CPU (``kernel_device.KERNEL_DEVICE``).
 
 Every batch is laid out the way the engine lays it out: blocks handed out in shuffled order (block 0 is the
 null block), block tables padded with 0, the last block of a sequence partly full. Every cache row that holds
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from kernel_device import KERNEL_DEVICE
 
 from solutions.kernels.reference import reference_paged_attention, reference_store_kv
 
 pytestmark = pytest.mark.lab2
 
-# On CPU through the interpreter; compiled on a GPU when there is one.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Relative error bounds: fp32 is near exact (compiled, tl.dot rounds P to TF32 in P @ V); half types round P
-# to 8 or 11 mantissa bits before P @ V.
-TOLERANCE = {torch.float32: 2e-3 if DEVICE == "cuda" else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+DEVICE = KERNEL_DEVICE
+# Relative error bounds: fp32 is near exact on both devices (its tl.dot runs in IEEE float32, not TF32); half
+# types round P to 8 or 11 mantissa bits before P @ V.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 WRONG_ROWS = (
     "position p's K/V live at block_table[b, p // block_size], offset p % block_size; "
     "check the block-table walk and the bottom-right causal alignment (queries are the LAST q_len positions)"
@@ -31,7 +31,8 @@ WRONG_ROWS = (
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
 
 
 @dataclass
@@ -139,6 +140,80 @@ def test_long_context_is_split_and_merged(pa):
     batch = paged_batch([1100, 9], [1, 1], q_heads=3, kv_heads=1, head_dim=32, block_size=32)
     assert pa.decode_num_splits(2, 1, 1100, batch.q.device) > 1
     check_against_reference(pa.paged_attention(*batch.args(), **batch.lengths()), batch, torch.float32)
+
+
+def test_graph_bucket_decode_with_padding_rows(pa):
+    """A decode as a CUDA graph replays it: the splits and max_seq_len fixed for the engine's max_model_len
+    (far above this batch's contexts), and two padding rows (seq_len 0, block table all null block 0, whose
+    rows are NaN here): the real rows match the reference, the padding rows come out exactly 0."""
+    batch = paged_batch([37, 0, 70, 5, 0], [1, 1, 1, 1, 1], q_heads=6, kv_heads=2)
+    max_model_len = 2048
+    splits = pa.decode_num_splits(5, 2, max_model_len, batch.q.device)
+    assert splits > 1, "the interpreter splits a 2048-token capacity too"
+    out = pa.paged_attention(*batch.args(), max_query_len=1, max_seq_len=max_model_len, num_splits=splits)
+    check_against_reference(out, batch, torch.float32)
+    assert not out[[1, 4]].any(), "a padding row (seq_len 0) must output zeros and read no cache row"
+    prefill = pa.paged_attention(*batch.args(), max_query_len=2, max_seq_len=max_model_len)
+    check_against_reference(prefill, batch, torch.float32)
+    assert not prefill[[1, 4]].any(), "the prefill kernel must also give a padding row zeros"
+
+
+def test_decode_num_splits_fills_the_gpu(pa, monkeypatch):
+    """On a GPU (its SM count stubbed here, so this runs anywhere): enough (sequence, KV head, split) programs
+    for every SM when the context allows it, each reading at least MIN_SPLIT_LEN positions, at most
+    MAX_SPLITS."""
+    monkeypatch.setattr(pa, "_sm_count", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    shapes = [(1, 3, 8192), (1, 32, 2048), (16, 3, 2048), (64, 3, 512), (256, 8, 8192)]
+    for batch, kv_heads, context in shapes:
+        splits = pa.decode_num_splits(batch, kv_heads, context, gpu)
+        assert 1 <= splits <= pa.MAX_SPLITS and splits <= -(-context // pa.MIN_SPLIT_LEN)
+        programs = batch * kv_heads * splits
+        fills = programs >= pa.PROGRAMS_PER_SM * 132
+        assert fills or splits in (pa.MAX_SPLITS, -(-context // pa.MIN_SPLIT_LEN)), (
+            f"batch {batch} x {kv_heads} KV heads at {context} tokens: {splits} splits leave SMs idle"
+        )
+    assert pa.decode_num_splits(1, 3, 100, gpu) == 1, "a context under MIN_SPLIT_LEN needs no split"
+
+
+@pytest.mark.interpreter
+def test_the_interpreter_never_autotunes(pa, load, monkeypatch):
+    """Timing means nothing in the interpreter: every kernel runs its fixed interpreter configuration."""
+    fa = load("kernels.flash_attention")
+    for tuned in (pa._paged_decode_tuned, pa._paged_prefill_tuned, fa._flash_fwd_tuned):
+        monkeypatch.setattr(tuned, "autotuned", None)  # calling it would fail
+    for q_lens in ([1, 4], [1, 1]):  # a mixed step (the prefill kernel), then decodes
+        batch = paged_batch([20, 33], q_lens, q_heads=3, kv_heads=1)
+        pa.paged_attention(*batch.args(), **batch.lengths())
+    fa.flash_attention(*torch.randn(3, 1, 1, 5, 32).unbind(0), causal=True)
+    pa.tune_decode(batch.k_cache, batch.v_cache, batch=2, max_seq_len=64, num_splits=2, q_heads=3)
+
+
+@pytest.mark.requires_cuda
+def test_tuned_decode_is_captured_and_replayed_in_a_cuda_graph(pa, monkeypatch):
+    """tune_decode tunes a bucket before capture; the captured decode then replays new inputs (new queries,
+    shorter contexts) as an eager call computes them. A bucket never tuned is refused during capture."""
+    batch = paged_batch([37, 1, 70, 0], [1, 1, 1, 1])
+    max_model_len = 512
+    splits = pa.decode_num_splits(4, 3, max_model_len, batch.q.device)
+    bucket = {"max_seq_len": max_model_len, "num_splits": splits}
+    pa.tune_decode(batch.k_cache, batch.v_cache, batch=4, q_heads=9, **bucket)
+
+    def decode():
+        return pa.paged_attention(*batch.args(), max_query_len=1, **bucket)
+
+    decode()  # the eager warm-up an engine runs: compiles for these exact arguments
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode()
+    batch.q.copy_(torch.randn_like(batch.q))
+    batch.seq_lens.copy_(torch.tensor([30, 1, 70, 0], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, batch, torch.float32)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="tune_decode"):
+        pa.paged_attention(*batch.args(), max_query_len=1, max_seq_len=max_model_len, num_splits=splits + 1)
 
 
 # Prefill and mixed steps: two decodes, a first chunk (no cache before it), a later chunk over a cached
@@ -317,3 +392,10 @@ def test_cpu_step_attention_checks_slots_once_per_step():
     )
     with pytest.raises(ValueError, match="slot 32 is past the cache's last row"):
         PagedAttention(cache, meta, backend="torch")
+
+
+def test_bench_paged_attention_smoke(load, capsys):
+    """``bench paged_attention --smoke`` runs the GPU benchmark's code on tiny shapes (interpreter on CPU)."""
+    assert load("bench.paged_attention").main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "graph ms" in out and "ours/sdpa" in out, "the decode and prefill tables must both print"

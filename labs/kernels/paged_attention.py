@@ -9,11 +9,17 @@ which are the LAST ``q_len`` of its ``seq_lens[b]`` tokens (bottom-right causal:
 offset ``p % block_size``. Query head ``h`` reads KV head ``h // (Hq // Hkv)``.
 
 Decode (every ``q_len <= 1``) is memory-bound: the whole context is read once per query. One program serves
-all the query heads of one KV head (GQA), so each K/V tile is loaded once for the group, and a long context
-is cut into ``num_splits`` ranges handled by separate programs, each writing a partial output and its
+all the query heads of one KV head (GQA), so each K/V tile is loaded once for the group, and each sequence's
+context is cut into ``num_splits`` ranges handled by separate programs, each writing a partial output and its
 log-sum-exp; a small second kernel merges them (flash-decoding). With one split the first kernel writes the
-output directly. Prefill is Lesson 1's kernel with the key loop reading through the block table, so a
-prefix-cache hit (a long cached prefix, a few new queries) computes only the new rows.
+output directly. The split count comes from the SM count, the batch and the longest context
+(``decode_num_splits``), so a small batch still fills the GPU. A decode call is CUDA-graph safe: its grid and
+buffers depend on host ints only, and padding rows (``seq_lens`` 0) read nothing and output zeros.
+
+Prefill is Lesson 1's kernel with the key loop reading through the block table, so a prefix-cache hit (a long
+cached prefix, a few new queries) computes only the new rows; key tiles wholly before a query tile's diagonal
+skip the causal mask. On CUDA both kernels' tiles, warps and pipeline stages are autotuned (``tuning.py``);
+``bench paged_attention`` measures them.
 """
 
 from __future__ import annotations
@@ -24,19 +30,36 @@ import torch
 import triton
 import triton.language as tl
 
-from .flash_attention import LOG2_E, _block_sizes, _check_head_dim, _interpretable, _online_softmax_step
+from .flash_attention import (
+    INTERPRETER_PREFILL,
+    LOG2_E,
+    PREFILL_CONFIGS,
+    _check_head_dim,
+    _dot,
+    _interpretable,
+    _online_softmax_step,
+    fitting_prefill_configs,
+)
+from .tuning import TunedKernel, pow2_bucket
+
+
+@triton.jit
+def _tile_blocks(table_row, pos, valid, BLOCK_SIZE: tl.constexpr):
+    """The physical block ids (int64) of logical positions ``pos`` of one sequence, read from its block table
+    row ``table_row``; 0 (the null block) where ``valid`` is false."""
+    raise NotImplementedError('Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE]: load those block ids (masked, other=0) as int64 (hints: make hint LAB=2)')
 
 
 @triton.jit
 def _load_kv_tile(
-    K_cache, V_cache, table_row, pos, valid, kv_h,
+    K_cache, V_cache, block, pos, valid, kv_h,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
     """K and V tiles ``[len(pos), HEAD_DIM]`` of KV head ``kv_h`` for logical positions ``pos`` of one sequence,
-    read through its block table row ``table_row``; positions where ``valid`` is false load as 0."""
+    whose physical blocks ``_tile_blocks`` read; positions where ``valid`` is false load as 0."""
     offs_d = tl.arange(0, HEAD_DIM)
-    raise NotImplementedError('Lab 2: position p lives in physical block table_row[p // BLOCK_SIZE] at offset p % BLOCK_SIZE; load the block ids (masked), then K and V rows there (masked, other=0; int64 offsets) (hints: make hint LAB=2)')
+    raise NotImplementedError('Lab 2: position p sits at offset p % BLOCK_SIZE of its physical block block[p]: load the K and V rows there (masked, other=0) (hints: make hint LAB=2)')
 
 
 @triton.jit
@@ -46,13 +69,15 @@ def _paged_decode(
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
-    group, split_len, qk_scale,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    group, num_splits, qk_scale,
+    tune_programs, tune_tiles,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, kv_h, split): the query heads of KV head ``kv_h`` for sequence ``b``'s one query, over
-    positions ``[split * split_len, (split + 1) * split_len)`` of its context. With SPLIT, writes the
-    normalised partial output ``Out[t, h, split]`` and its base-2 log-sum-exp ``Lse[t, h, split]``."""
+    """Program (b, kv_h, split): the query heads of KV head ``kv_h`` for sequence ``b``'s one query, over the
+    ``split``-th of ``num_splits`` tile-aligned ranges of its own context. With SPLIT, writes the normalised
+    partial output ``Out[t, h, split]`` and its base-2 log-sum-exp ``Lse[t, h, split]``. ``tune_programs`` and
+    ``tune_tiles`` are only the autotuning key."""
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
     split = tl.program_id(2)
@@ -60,6 +85,11 @@ def _paged_decode(
     if tl.load(query_start_loc + b + 1) == row:
         return
     seq_len = tl.load(seq_lens + b)
+    # Each sequence cuts its own context into the splits, so a short one still spreads over every program (a
+    # graph's split count is fixed for the longest context it serves); a padding row (seq_len 0) reads
+    # nothing.
+    per_split = (seq_len + num_splits - 1) // num_splits
+    split_len = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = split * split_len
     end = tl.minimum(seq_len, start + split_len)
 
@@ -73,14 +103,19 @@ def _paged_decode(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     table_row = block_table + b.to(tl.int64) * stride_bt
+    pos = start + tl.arange(0, BLOCK_N)
+    block = _tile_blocks(table_row, pos, pos < end, BLOCK_SIZE)
     for start_n in range(start, end, BLOCK_N):
         pos = start_n + tl.arange(0, BLOCK_N)
         valid = pos < end
         k, v = _load_kv_tile(
-            K_cache, V_cache, table_row, pos, valid, kv_h,
+            K_cache, V_cache, block, pos, valid, kv_h,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM,
         )  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        # The next tile's block ids, one iteration ahead: the compiler pipelines K/V loads (several tiles in
+        # flight) only when their addresses do not come from a load in the same iteration.
+        block = _tile_blocks(table_row, pos + BLOCK_N, pos + BLOCK_N < end, BLOCK_SIZE)
+        s = _dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v)
 
@@ -127,10 +162,11 @@ def _paged_prefill(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     q_heads, group, qk_scale,
+    tune_q_len, tune_seq_len,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Program (m, b * Hq + h): query rows ``[m * BLOCK_M, (m + 1) * BLOCK_M)`` of sequence ``b``, head ``h``."""
+    """Program (m, b * Hq + h): query rows ``[m * BLOCK_M, (m + 1) * BLOCK_M)`` of sequence ``b``, head ``h``.
+    ``tune_q_len`` and ``tune_seq_len`` are only the autotuning key."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // q_heads
@@ -152,20 +188,68 @@ def _paged_prefill(
     # The queries are the last q_len positions: row i sits at position i + shift and sees p <= i + shift.
     shift = seq_len - q_len
     hi = tl.minimum(seq_len, (start_m + 1) * BLOCK_M + shift)
+    # Key tiles wholly at or before the tile's first row's position are visible to every row: no mask there.
+    unmasked_end = (start_m * BLOCK_M + shift + 1) // BLOCK_N * BLOCK_N
     table_row = block_table + b.to(tl.int64) * stride_bt
-    for start_n in range(0, hi, BLOCK_N):
+    # Each tile's block ids are read one iteration ahead, as in the decode kernel (so its K/V loads pipeline).
+    pos = tl.arange(0, BLOCK_N)
+    block = _tile_blocks(table_row, pos, pos < hi, BLOCK_SIZE)
+    for start_n in range(0, unmasked_end, BLOCK_N):
         pos = start_n + tl.arange(0, BLOCK_N)
         k, v = _load_kv_tile(
-            K_cache, V_cache, table_row, pos, pos < hi, kv_h,
+            K_cache, V_cache, block, pos, pos < unmasked_end, kv_h,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM,
         )  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        block = _tile_blocks(table_row, pos + BLOCK_N, pos + BLOCK_N < hi, BLOCK_SIZE)
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, _dot(q, tl.trans(k)) * qk_scale, v)
+    for start_n in range(unmasked_end, hi, BLOCK_N):
+        pos = start_n + tl.arange(0, BLOCK_N)
+        k, v = _load_kv_tile(
+            K_cache, V_cache, block, pos, pos < hi, kv_h,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM,
+        )  # fmt: skip
+        block = _tile_blocks(table_row, pos + BLOCK_N, pos + BLOCK_N < hi, BLOCK_SIZE)
+        s = _dot(q, tl.trans(k)) * qk_scale
         s = tl.where((pos[None, :] < hi) & (pos[None, :] <= offs_m[:, None] + shift), s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out_ptrs = Out + (q_start + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :]
     tl.store(out_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=offs_m[:, None] < q_len)
+
+
+# (BLOCK_N, num_warps, num_stages) tried for the decode kernel on CUDA: key tiles of 32-128 positions, one or
+# two warpgroups, one to three K/V tiles in flight. 64 / 4 warps (D 64) and 64 / 8 warps (D 128) with 2 stages
+# were the fixed choice before autotuning.
+DECODE_TILES = [(32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3)]
+DECODE_CONFIGS = [
+    triton.Config({"BLOCK_N": n}, num_warps=warps, num_stages=stages) for n, warps, stages in DECODE_TILES
+]
+
+
+def fitting_decode_configs(configs: list[triton.Config], head_dim: int) -> list[triton.Config]:
+    """Drop tiles whose pipelined K/V (2-byte elements) would pass ~200 KB of shared memory at this head
+    dim."""
+    return [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * head_dim * 2 <= 200 * 1024]
+
+
+_paged_decode_tuned = TunedKernel(
+    _paged_decode,
+    DECODE_CONFIGS,
+    key=["HEAD_DIM", "BLOCK_H", "BLOCK_SIZE", "SPLIT", "tune_programs", "tune_tiles"],
+    # The interpreter's cost is per tile step: 32 keeps several steps in the tests' short contexts.
+    interpreter_config=triton.Config({"BLOCK_N": 32}, num_warps=1, num_stages=1),
+    warm_up_hint="call paged_attention.tune_decode(k_cache, v_cache, ...) for each graph bucket first",
+    prune=fitting_decode_configs,
+)
+_paged_prefill_tuned = TunedKernel(
+    _paged_prefill,
+    PREFILL_CONFIGS,
+    key=["HEAD_DIM", "BLOCK_SIZE", "tune_q_len", "tune_seq_len"],
+    interpreter_config=INTERPRETER_PREFILL,
+    warm_up_hint="prefill steps run eagerly, outside CUDA graphs",
+    prune=fitting_prefill_configs,
+)
 
 
 def check_paged_attention_inputs(
@@ -214,7 +298,8 @@ def check_paged_attention_inputs(
     q_lens = query_start_loc.diff()
     if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != q.shape[0] or bool((q_lens < 0).any()):
         raise ValueError(f"query_start_loc must rise from 0 to T = {q.shape[0]}; got {query_start_loc.tolist()}")
-    if bool((q_lens > seq_lens).any()):
+    # A padding row (seq_len 0, as a CUDA graph's unused rows are) may hold a query: it attends to nothing.
+    if bool(((q_lens > seq_lens) & (seq_lens > 0)).any()):
         raise ValueError(
             f"a sequence has more queries than tokens: q_lens {q_lens.tolist()}, seq_lens {seq_lens.tolist()}"
         )
@@ -233,26 +318,25 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Decode programs wanted per SM: enough K/V loads in flight to cover memory latency on every SM.
+PROGRAMS_PER_SM = 4
+# The fewest positions a decode program reads (two 64-key tiles), and the most programs a context is cut into.
+MIN_SPLIT_LEN = 128
+MAX_SPLITS = 64
+
+
 def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """How many programs share one sequence's context: on a GPU, enough for about four programs per SM,
-    never under 256 positions each; in the interpreter, one per 1024 positions."""
+    """How many programs share one sequence's context: on a GPU, enough for ``PROGRAMS_PER_SM`` programs per
+    SM over the ``batch * kv_heads`` (sequence, KV head) pairs, with at least ``MIN_SPLIT_LEN`` of
+    ``max_seq_len`` positions each and at most ``MAX_SPLITS``; in the interpreter, one per 1024 positions.
+
+    For a CUDA graph, call it with the bucket's batch and the engine's ``max_model_len`` and pass the result
+    as ``num_splits``: every sequence then cuts its own context into that many ranges."""
     if device.type != "cuda":
         return max(1, triton.cdiv(max_seq_len, 1024))
-    wanted = triton.cdiv(4 * _sm_count(device.index or 0), max(1, batch * kv_heads))
-    return max(1, min(wanted, triton.cdiv(max_seq_len, 256), 64))
-
-
-def _decode_warps(head_dim: int, device: torch.device) -> int:
-    """Warps per decode program: ptxas (sm_90, 64-token tiles) gives about 72 registers a thread at D 64 with
-    four warps, and about 80 at D 128 with eight (four would need ~150), so several programs fit on an SM."""
-    if device.type != "cuda":
-        return 1
-    return 4 if head_dim <= 64 else 8
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """Scores q k^T in IEEE float32 for float32 inputs (a CUDA tl.dot would round them to TF32 by default)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    index = torch.cuda.current_device() if device.index is None else device.index
+    wanted = triton.cdiv(PROGRAMS_PER_SM * _sm_count(index), max(1, batch * kv_heads))
+    return max(1, min(wanted, triton.cdiv(max_seq_len, MIN_SPLIT_LEN), MAX_SPLITS))
 
 
 def paged_attention(
@@ -270,15 +354,20 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of the packed queries q ``[T, Hq, D]`` over each sequence's paged K/V (module doc).
 
-    ``max_query_len`` and ``max_seq_len`` (host ints, at least the batch's longest) size the grids; when
-    ``max_query_len == 1`` the decode kernel runs, with ``num_splits`` programs per context (default:
-    ``decode_num_splits``). Every row of q belongs to a sequence (``query_start_loc[B] == T``); on a GPU the
-    lengths are trusted, not checked. Returns ``[T, Hq, D]`` in q's dtype.
+    ``max_query_len`` and ``max_seq_len`` (host ints, at least the batch's longest) size the grids and key
+    the autotuning; when ``max_query_len == 1`` the decode kernel runs, each context cut into ``num_splits``
+    ranges (default: ``decode_num_splits``). Every row of q belongs to a sequence (``query_start_loc[B] ==
+    T``); a row whose ``seq_lens`` is 0 (a graph's padding) outputs zeros and reads no cache row. On a GPU the
+    lengths are trusted, not checked, and nothing on the host waits for the device, so a decode call can be
+    captured in a CUDA graph (once its configuration is tuned: ``tune_decode``). Returns ``[T, Hq, D]`` in q's
+    dtype.
     """
     check_paged_attention_inputs(
         q, k_cache, v_cache, block_table, query_start_loc, seq_lens, max_query_len, max_seq_len
     )
     _check_head_dim(q.shape[-1])
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
     in_dtype = q.dtype
     q, k_cache, v_cache = _interpretable(q, k_cache, v_cache)
     batch = seq_lens.shape[0]
@@ -290,26 +379,25 @@ def paged_attention(
     if q.shape[0] == 0 or batch == 0:
         return out.to(in_dtype)
     cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
-    on_gpu = q.device.type == "cuda"
     if max_query_len == 1:
         splits = num_splits or decode_num_splits(batch, kv_heads, max_seq_len, q.device)
-        block_n = 64 if on_gpu else 32
-        # Split lengths are whole tiles, so only a split's last tile can be partial.
-        split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), splits), block_n) * block_n
         if splits > 1:
             target = torch.empty(q.shape[0], q_heads, splits, head_dim, device=q.device, dtype=torch.float32)
             lse = torch.empty(q.shape[0], q_heads, splits, device=q.device, dtype=torch.float32)
         else:  # one split writes the output itself, and no log-sum-exp
             target, lse = out.unsqueeze(2), out
-        _paged_decode[(batch, kv_heads, splits)](
+        # tl.dot needs 16 rows on a GPU: a group of 3 query heads rides in a 16-row tile.
+        block_h = max(16 if q.is_cuda else 1, triton.next_power_of_2(group))
+        _paged_decode_tuned(
+            lambda meta: (batch, kv_heads, splits),
             q, k_cache, v_cache, target, lse,
             block_table, query_start_loc, seq_lens,
             q.stride(0), q.stride(1), *cache_strides,
             block_table.stride(0), *target.stride()[:3], lse.stride(0), lse.stride(1),
-            group, split_len, qk_scale,
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-            BLOCK_H=max(16 if on_gpu else 1, triton.next_power_of_2(group)), BLOCK_N=block_n,
-            SPLIT=splits > 1, DOT_PRECISION=_dot_precision(q.dtype), num_warps=_decode_warps(head_dim, q.device), num_stages=2,
+            group, splits, qk_scale,
+            pow2_bucket(batch * kv_heads * splits, 1, 1 << 16),
+            pow2_bucket(triton.cdiv(max_seq_len, splits), 16, 1 << 16),
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=block_h, SPLIT=splits > 1,
         )  # fmt: skip
         if splits > 1:
             _merge_splits[(q.shape[0], q_heads)](
@@ -317,15 +405,54 @@ def paged_attention(
                 splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits), num_warps=1 if head_dim <= 64 else 2,
             )  # fmt: skip
         return out.to(in_dtype)
-    # In the interpreter each tile step costs the same whatever its size: wider key tiles, fewer steps.
-    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device) if on_gpu else (16, 32, 1, 1)
-    _paged_prefill[(triton.cdiv(max_query_len, block_m), batch * q_heads)](
+    _paged_prefill_tuned(
+        lambda meta: (triton.cdiv(max_query_len, meta["BLOCK_M"]), batch * q_heads),
         q, k_cache, v_cache, out,
         block_table, query_start_loc, seq_lens,
         q.stride(0), q.stride(1), *cache_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         q_heads, group, qk_scale,
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        pow2_bucket(max_query_len, 16, 1 << 16), pow2_bucket(max_seq_len, 16, 1 << 20),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
     )  # fmt: skip
     return out.to(in_dtype)
+
+
+# The most K/V bytes of an engine's cache the decode tuning walks: many times an H200's L2, to time HBM reads.
+TUNE_CACHE_BYTES = 1 << 30
+
+
+def tune_decode(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    batch: int,
+    max_seq_len: int,
+    num_splits: int,
+    q_heads: int,
+) -> None:
+    """Autotune the decode kernel for one CUDA-graph bucket before it is captured: ``batch`` sequences of
+    ``max_seq_len`` tokens each, cut into ``num_splits`` ranges, reading the engine's own caches (one layer's
+    ``[num_blocks, block_size, Hkv, D]``; block 0 is never read, nothing is written). A later
+    ``paged_attention(..., max_query_len=1, max_seq_len=max_seq_len, num_splits=num_splits)`` over ``batch``
+    sequences of this cache's shape and dtype reuses the tuned configuration, inside a graph too. A real
+    warm-up step cannot tune: its padding rows have no context to time. Does nothing off CUDA (nothing is
+    tuned there)."""
+    if k_cache.device.type != "cuda":
+        return
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    if num_blocks < 2:
+        raise ValueError("tune_decode needs a cache with at least one block besides the null block 0")
+    blocks_per_seq = triton.cdiv(max_seq_len, block_size)
+    bytes_per_block = 2 * block_size * kv_heads * head_dim * k_cache.element_size()
+    usable = min(num_blocks - 1, max(1, TUNE_CACHE_BYTES // bytes_per_block))
+    # Sequences walk the cache's blocks cyclically: distinct blocks up to TUNE_CACHE_BYTES, like a full cache.
+    walk = torch.arange(batch * blocks_per_seq, device=k_cache.device) % usable + 1
+    block_table = walk.view(batch, -1).int()
+    q = torch.randn(batch, q_heads, head_dim, device=k_cache.device, dtype=k_cache.dtype)
+    query_start_loc = torch.arange(batch + 1, device=k_cache.device, dtype=torch.int32)
+    seq_lens = torch.full((batch,), max_seq_len, device=k_cache.device, dtype=torch.int32)
+    paged_attention(
+        q, k_cache, v_cache, block_table, query_start_loc, seq_lens,
+        max_query_len=1, max_seq_len=max_seq_len, num_splits=num_splits,
+    )  # fmt: skip

@@ -1,15 +1,21 @@
-"""Paged-attention kernels on a GPU: the decode kernel's achieved bandwidth against the device's measured copy
-bandwidth (goal: at least 60%), and the varlen prefill kernel's TFLOP/s beside torch SDPA.
+"""``python -m solutions bench paged_attention``: the paged-attention kernels against their goals on a GPU.
 
-Decode is memory-bound: each step reads every sequence's whole K/V once, so the figure of merit is bytes
-moved (K/V read, q read, output written) per second, set against a large device-to-device tensor copy
-(read + write) timed the same way. Prefill of fresh sequences is compute-bound: TFLOP/s as in
-``bench attention`` (4 * Lq * Lk * D per head, halved for causal), beside SDPA on the same sequences stored
-densely. Times are ``triton.testing.do_bench`` medians (L2 flushed between runs). Triton and the kernels are
+- Decode is memory-bound: each step reads every sequence's whole K/V once, so its figure is bytes moved (K/V
+  read, q read, output written) per second, set against a large device-to-device copy (read + write) timed the
+  same way. Goal: at least 60% of copy bandwidth at batch >= 16 and context >= 2048. Batch 1, 16 and 64 at
+  512, 2048 and 8192 tokens, for SmolLM2-135M's heads (9 query / 3 KV, D 64) and a 1.7B model's (32 / 32).
+  Each decode is tuned for its bucket (``tune_decode``), then captured in a CUDA graph and replayed, as the
+  engine runs it; the eager time (Python launch overhead included) is printed beside it.
+- Batch-1 latency against torch SDPA over the same K/V stored densely (also graph-replayed). Goal: at most
+  1.5x SDPA's time.
+- Varlen paged prefill of fresh sequences is compute-bound: TFLOP/s as in ``bench attention`` (4 * Lq * Lk * D
+  per head, halved for causal), beside SDPA on the same sequences stored densely. Goal: at least 0.9x SDPA.
+
+Times are ``triton.testing.do_bench`` medians (L2 flushed before each run). Triton and the kernels are
 imported only inside the functions, so this module imports anywhere; ``bench kv`` calls
-``decode_kernel_bandwidth`` when a GPU is there. Run alone: ``python -m solutions.bench.paged_attention``.
-``device="cpu"`` runs the same code through the Triton interpreter with wall-clock medians: a check of this
-code on tiny shapes, never a figure (``TRITON_INTERPRET=1`` must be set before the kernels are imported).
+``decode_kernel_bandwidth`` when a GPU is there. ``--smoke`` (any machine) runs the same code on tiny shapes,
+through the Triton interpreter on a CPU (``import solutions`` chooses it there): a check of this code, never a
+figure. The table is printed last, with the machine's name.
 """
 
 from __future__ import annotations
@@ -17,14 +23,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 COPY_BYTES = 1 << 30
-BANDWIDTH_GOAL = 0.6
+BANDWIDTH_GOAL = 0.6  # of copy bandwidth, at batch >= 16 and context >= 2048
+LATENCY_GOAL = 1.5  # batch-1 decode time over SDPA's, at most
+PREFILL_GOAL = 0.9  # varlen prefill TFLOP/s over SDPA's, at least
+HEAD_SHAPES = {"135M": (9, 3, 64), "1.7B": (32, 32, 64)}  # (query heads, KV heads, head dim)
 NO_CUDA = (
     "The paged-attention GPU benchmark needs CUDA, and this machine has none: nothing was timed. On CPU the "
-    "kernels run (slowly) through the Triton interpreter for correctness: pytest tests/test_paged_attention.py"
+    "kernels run (slowly) through the Triton interpreter for correctness: "
+    "pytest tests/test_paged_attention.py, or this benchmark's code on tiny shapes: --smoke"
 )
 
 
@@ -33,7 +44,7 @@ def _require(device: torch.device) -> None:
         raise RuntimeError(NO_CUDA)
 
 
-def _median_ms(fn, device: torch.device) -> float:
+def _median_ms(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         import triton.testing
 
@@ -47,12 +58,31 @@ def _median_ms(fn, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+    """On CUDA, ``fn`` captured in a CUDA graph (after one eager call) and the graph's replay: what a decode
+    step costs without Python's launch overhead. Elsewhere ``fn`` itself."""
+    if device.type != "cuda":
+        return fn
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
 
 
 def copy_bandwidth_gbps(num_bytes: int = COPY_BYTES, device: str | torch.device = "cuda") -> float:
-    """Device copy bandwidth: a ``num_bytes`` tensor copied on the device, read + write bytes per second / 1e9."""
+    """Device copy bandwidth: a ``num_bytes`` tensor copied on the device, read + write bytes per second
+    / 1e9."""
     device = torch.device(device)
     _require(device)
     src = torch.empty(num_bytes // 2, device=device, dtype=torch.float16).normal_()
@@ -95,42 +125,61 @@ def decode_kernel_bandwidth(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cuda",
     copy_bytes: int = COPY_BYTES,
+    copy_gbps: float | None = None,
 ) -> dict:
     """Time one decode step of ``batch`` sequences of ``context`` tokens (SmolLM2's heads by default).
 
-    Returns ``device``, the shape, ``num_splits``, ``ms`` (median), ``bytes`` (K/V read + q read + output
-    written), ``gbps``, ``copy_gbps`` (measured in the same run), ``fraction`` (gbps / copy_gbps), ``goal``
-    (0.6), ``meets_goal``, and ``rel_err`` of the kernel's output against a float64 reference on two sequences.
-    Raises RuntimeError naming the problem when asked for CUDA without one.
+    Returns ``device``, the shape, ``num_splits``, ``config`` (the tuned tiles), ``ms`` (median of the
+    graph-replayed step on CUDA), ``eager_ms``, ``sdpa_ms`` (torch SDPA over the same K/V stored densely, also
+    replayed), ``bytes`` (K/V read + q read + output written), ``gbps``, ``copy_gbps`` (measured in the same
+    run unless given), ``fraction`` (gbps / copy_gbps), ``goal`` (0.6), ``meets_goal``, and ``rel_err`` of the
+    kernel's output against a float64 reference on two sequences. Raises RuntimeError naming the problem when
+    asked for CUDA without one.
     """
     device = torch.device(device)
     _require(device)
-    from ..kernels.paged_attention import decode_num_splits, paged_attention
+    import torch.nn.functional as F
+
+    from ..kernels.paged_attention import _paged_decode_tuned, decode_num_splits, paged_attention, tune_decode
     from ..kernels.reference import reference_attention
 
     torch.manual_seed(0)
-    k_cache, v_cache, block_table = random_paged_cache(batch, context, kv_heads, head_dim, block_size, dtype, device)
+    k_cache, v_cache, block_table = random_paged_cache(
+        batch, context, kv_heads, head_dim, block_size, dtype, device
+    )
     q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype)
     query_start_loc = torch.arange(batch + 1, device=device, dtype=torch.int32)
     seq_lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    splits = decode_num_splits(batch, kv_heads, context, q.device)
+    tune_decode(k_cache, v_cache, batch=batch, max_seq_len=context, num_splits=splits, q_heads=q_heads)
 
     def step() -> torch.Tensor:
         return paged_attention(
-            q, k_cache, v_cache, block_table, query_start_loc, seq_lens, max_query_len=1, max_seq_len=context
-        )
+            q, k_cache, v_cache, block_table, query_start_loc, seq_lens,
+            max_query_len=1, max_seq_len=context, num_splits=splits,
+        )  # fmt: skip
 
     out = step()
     checked = min(batch, 2)
     heads_first = q[:checked, :, None].double()
     k, v = (_dense(cache, block_table[:checked], context).double() for cache in (k_cache, v_cache))
-    ref = reference_attention(heads_first, k, v, causal=True)[:, :, 0]
-    rel_err = ((out[:checked].double() - ref).norm() / ref.norm()).item()
+    ref = reference_attention(heads_first.cpu(), k.cpu(), v.cpu(), causal=True)[:, :, 0]
+    rel_err = ((out[:checked].double().cpu() - ref).norm() / ref.norm()).item()
 
-    ms = _median_ms(step, device)
+    dense_q = q[:, :, None]
+    dense_k, dense_v = (_dense(cache, block_table, context).contiguous() for cache in (k_cache, v_cache))
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(dense_q, dense_k, dense_v, enable_gqa=True)
+
+    ms = _median_ms(graphed(step, device), device)
+    eager_ms = _median_ms(step, device)
+    sdpa_ms = _median_ms(graphed(sdpa, device), device)
     element = torch.finfo(dtype).bits // 8
     moved = (2 * batch * context * kv_heads * head_dim + 2 * batch * q_heads * head_dim) * element
     gbps = moved / (ms * 1e-3) / 1e9
-    copy_gbps = copy_bandwidth_gbps(copy_bytes, device)
+    copy_gbps = copy_gbps or copy_bandwidth_gbps(copy_bytes, device)
+    config = _paged_decode_tuned.last_config if device.type == "cuda" else None
     return {
         "device": _device_name(device),
         "batch": batch,
@@ -140,8 +189,11 @@ def decode_kernel_bandwidth(
         "head_dim": head_dim,
         "block_size": block_size,
         "dtype": str(dtype).removeprefix("torch."),
-        "num_splits": decode_num_splits(batch, kv_heads, context, q.device),
+        "num_splits": splits,
+        "config": _config_name(config),
         "ms": ms,
+        "eager_ms": eager_ms,
+        "sdpa_ms": sdpa_ms,
         "bytes": moved,
         "gbps": gbps,
         "copy_gbps": copy_gbps,
@@ -150,6 +202,14 @@ def decode_kernel_bandwidth(
         "meets_goal": gbps / copy_gbps >= BANDWIDTH_GOAL,
         "rel_err": rel_err,
     }
+
+
+def _config_name(config) -> str:
+    """A tuned configuration as ``BLOCK_N=64 w4 s2`` (``-`` for the interpreter's fixed one)."""
+    if config is None:
+        return "-"
+    tiles = " ".join(f"{k}={v}" for k, v in config.kwargs.items())
+    return f"{tiles} w{config.num_warps} s{config.num_stages}"
 
 
 def prefill_kernel_tflops(
@@ -165,29 +225,40 @@ def prefill_kernel_tflops(
 ) -> dict:
     """Causal prefill of ``num_seqs`` fresh sequences of ``seq_len`` tokens: our varlen paged kernel (K/V read
     through block tables) against torch SDPA on the same K/V stored densely (heads repeated for SDPA, outside
-    the timing). Returns ``ours_tflops``, ``sdpa_tflops``, ``ratio`` (ours / SDPA) and ``rel_err`` (ours vs
-    SDPA's output). Raises RuntimeError naming the problem when asked for CUDA without one."""
+    the timing). Returns ``ours_tflops``, ``sdpa_tflops``, ``ratio`` (ours / SDPA), ``config`` (the tuned
+    tiles) and ``rel_err`` (ours vs SDPA's output). Raises RuntimeError naming the problem when asked for CUDA
+    without one."""
     device = torch.device(device)
     _require(device)
     import torch.nn.functional as F
 
     from ..kernels.flash_attention import flops
-    from ..kernels.paged_attention import paged_attention
+    from ..kernels.paged_attention import _paged_prefill_tuned, paged_attention
 
     torch.manual_seed(0)
-    k_cache, v_cache, block_table = random_paged_cache(num_seqs, seq_len, kv_heads, head_dim, block_size, dtype, device)
+    k_cache, v_cache, block_table = random_paged_cache(
+        num_seqs, seq_len, kv_heads, head_dim, block_size, dtype, device
+    )
     q = torch.randn(num_seqs * seq_len, q_heads, head_dim, device=device, dtype=dtype)
     query_start_loc = torch.arange(0, num_seqs * seq_len + 1, seq_len, device=device, dtype=torch.int32)
     seq_lens = torch.full((num_seqs,), seq_len, device=device, dtype=torch.int32)
     dense_q = q.view(num_seqs, seq_len, q_heads, head_dim).transpose(1, 2).contiguous()
     group = q_heads // kv_heads
     dense_k, dense_v = (
-        _dense(cache, block_table, seq_len).repeat_interleave(group, dim=1).contiguous() for cache in (k_cache, v_cache)
+        _dense(cache, block_table, seq_len).repeat_interleave(group, dim=1).contiguous()
+        for cache in (k_cache, v_cache)
     )
 
     def ours() -> torch.Tensor:
         return paged_attention(
-            q, k_cache, v_cache, block_table, query_start_loc, seq_lens, max_query_len=seq_len, max_seq_len=seq_len
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            query_start_loc,
+            seq_lens,
+            max_query_len=seq_len,
+            max_seq_len=seq_len,
         )
 
     def sdpa() -> torch.Tensor:
@@ -206,6 +277,7 @@ def prefill_kernel_tflops(
         "kv_heads": kv_heads,
         "head_dim": head_dim,
         "dtype": str(dtype).removeprefix("torch."),
+        "config": _config_name(_paged_prefill_tuned.last_config if device.type == "cuda" else None),
         "ours_tflops": ours_tflops,
         "sdpa_tflops": sdpa_tflops,
         "ratio": ours_tflops / sdpa_tflops,
@@ -213,38 +285,94 @@ def prefill_kernel_tflops(
     }
 
 
+def _mark(met: bool | None) -> str:
+    return "-" if met is None else ("met" if met else "MISS")
+
+
+def decode_rows(
+    head_shapes: dict[str, tuple[int, int, int]],
+    batches: list[int],
+    contexts: list[int],
+    device: torch.device,
+    copy_gbps: float,
+) -> list[str]:
+    rows = [
+        "heads  batch  context  splits  tuned tiles          graph ms  eager ms   GB/s  of copy  goal  "
+        "vs SDPA  goal  rel err"
+    ]
+    for name, (q_heads, kv_heads, head_dim) in head_shapes.items():
+        for batch in batches:
+            for context in contexts:
+                r = decode_kernel_bandwidth(
+                    batch, context, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, device=device,
+                    copy_gbps=copy_gbps,
+                )  # fmt: skip
+                bandwidth_goal = r["meets_goal"] if batch >= 16 and context >= 2048 else None
+                vs_sdpa = r["ms"] / r["sdpa_ms"]
+                latency_goal = vs_sdpa <= LATENCY_GOAL if batch == 1 else None
+                rows.append(
+                    f"{name:5s} {batch:6d} {context:8d} {r['num_splits']:7d}  {r['config']:20s} "
+                    f"{r['ms']:8.3f} "
+                    f"{r['eager_ms']:9.3f} {r['gbps']:6.0f} {r['fraction']:8.0%}  {_mark(bandwidth_goal):4s} "
+                    f"{vs_sdpa:7.2f}x {_mark(latency_goal):4s} {r['rel_err']:8.1e}"
+                )
+                print(rows[-1], flush=True)
+    return rows
+
+
+def prefill_rows(
+    shapes: list[tuple[int, int, int]], num_seqs: int, seq_len: int, device: torch.device
+) -> list[str]:
+    rows = [
+        "seqs x len   heads(q/kv/D)  tuned tiles                  ours TF/s  sdpa TF/s  ours/sdpa  goal"
+        "  rel err"
+    ]
+    for q_heads, kv_heads, head_dim in shapes:
+        r = prefill_kernel_tflops(
+            num_seqs, seq_len, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, device=device
+        )
+        rows.append(
+            f"{num_seqs:4d} x {seq_len:<5d} {q_heads:>5d}/{kv_heads}/{head_dim:<5d} {r['config']:28s} "
+            f"{r['ours_tflops']:9.1f} {r['sdpa_tflops']:10.1f} {r['ratio']:10.2f}  "
+            f"{_mark(r['ratio'] >= PREFILL_GOAL):4s}"
+            f" {r['rel_err']:8.1e}"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.bench.paged_attention", description=__doc__)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser = argparse.ArgumentParser(prog="python -m solutions bench paged_attention", description=__doc__)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes, any device: checks the code, no figures"
+    )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.smoke:
+        head_shapes, batches, contexts = {"tiny": (3, 1, 32)}, [1, 2], [40]
+        prefill_shapes, prefill_seqs, prefill_len = [(3, 1, 32)], 2, 24
+    elif not torch.cuda.is_available():
         print(NO_CUDA)
         return 0
-    decode_rows = ["batch  context  heads(q/kv/D)  splits      ms     GB/s  copy GB/s  of copy  goal  rel err"]
-    for batch in args.batches:
-        for context in args.contexts:
-            r = decode_kernel_bandwidth(batch, context)
-            decode_rows.append(
-                f"{batch:5d} {context:8d}  {r['q_heads']:>5d}/{r['kv_heads']}/{r['head_dim']:<5d} {r['num_splits']:6d} "
-                f"{r['ms']:7.3f} {r['gbps']:8.0f} {r['copy_gbps']:10.0f} {r['fraction']:8.0%}  "
-                f"{'met' if r['meets_goal'] else 'MISS'} {r['rel_err']:8.1e}"
-            )
-            print(decode_rows[-1], flush=True)
-    prefill_rows = ["seqs x len   heads(q/kv/D)  ours TF/s  sdpa TF/s  ours/sdpa  rel err"]
-    for q_heads, kv_heads, head_dim in ((9, 3, 64), (32, 8, 128)):
-        r = prefill_kernel_tflops(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
-        prefill_rows.append(
-            f"{r['num_seqs']:4d} x {r['seq_len']:<5d} {q_heads:>5d}/{kv_heads}/{head_dim:<5d} "
-            f"{r['ours_tflops']:10.1f} {r['sdpa_tflops']:10.1f} {r['ratio']:10.2f} {r['rel_err']:8.1e}"
-        )
-        print(prefill_rows[-1], flush=True)
+    else:
+        head_shapes, batches, contexts = HEAD_SHAPES, args.batches, args.contexts
+        prefill_shapes, prefill_seqs, prefill_len = [(9, 3, 64), (32, 8, 128)], 4, 2048
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    copy_gbps = copy_bandwidth_gbps(COPY_BYTES if device.type == "cuda" else 1 << 20, device)
+    decode = decode_rows(head_shapes, batches, contexts, device, copy_gbps)
+    prefill = prefill_rows(prefill_shapes, prefill_seqs, prefill_len, device)
+    if args.smoke:
+        print("\nSmoke run on tiny shapes: it checks this code; its figures mean nothing.")
     print(
-        f"\nPaged decode (bf16, block 16, goal >= {BANDWIDTH_GOAL:.0%} of copy bandwidth) on {torch.cuda.get_device_name()}:"
+        f"\nPaged decode, bf16, block 16, on {_device_name(device)} (copy bandwidth {copy_gbps:.0f} GB/s): "
+        "goals "
+        f">= {BANDWIDTH_GOAL:.0%} of copy bandwidth at batch >= 16 and context >= 2048, batch-1 time <= "
+        f"{LATENCY_GOAL}x SDPA's on the same K/V stored densely"
     )
-    print("\n".join(decode_rows))
-    print("\nVarlen paged prefill, causal, bf16, beside torch SDPA:")
-    print("\n".join(prefill_rows))
+    print("\n".join(decode))
+    print(f"\nVarlen paged prefill, causal, bf16, beside torch SDPA (goal >= {PREFILL_GOAL}x):")
+    print("\n".join(prefill))
     return 0
 
 

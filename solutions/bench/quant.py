@@ -4,8 +4,10 @@ Three figures per setting: perplexity on the evaluation text (``data/text``), th
 model holds (every tensor once; the tied embedding / LM head is one matrix), and batch-1 greedy decode
 tokens/s measured as in ``bench decode`` (repeats alternate between engines; medians). On CPU the
 quantized engines use torch's int4 kernel (``aten._weight_int4pack_mm_for_cpu``). With ``llama-cpp-python``
-installed, llama.cpp on the same Q4_1 file joins as a peer. On a CUDA machine a last table times the
-Triton W4A16 GEMV against a float16 matrix-vector product for each of the model's weight shapes.
+installed, llama.cpp on the same Q4_1 file joins as a peer. The AWQ engine's decode step is then taken apart
+as ``bench decode`` does it (``step_split``: matrix products, attention, elementwise, sampler, Python/other).
+On a CUDA machine a last table times the Triton W4A16 GEMV against a float16 matrix-vector product for each
+of the model's weight shapes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .decode import LLAMA_CPP_MISSING, PROMPT, _cpu_name, decode_speeds, llama_cpp_runner
-from .step_split import linear_seconds
+from .step_split import linear_seconds, measure_step_split, split_lines
 
 TEXT_DIR = Path(__file__).resolve().parents[2] / "data" / "text"
 # Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     speeds = decode_speeds(runs, args.tokens, args.repeats)
     awq_model = llms["AWQ"].engine.model
     awq_linears_s = linear_seconds(awq_model, rows=1)
+    awq_split = measure_step_split(llms["AWQ"], PROMPT, min(args.tokens, 64), args.repeats)
 
     print(
         f"machine: {_cpu_name()}, {args.threads} threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}"
@@ -126,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"AWQ INT4 vs llama.cpp Q4_1: {speeds['AWQ'] / speeds['llama.cpp Q4_1 (peer)']:.2f}x (goal >= 1)")
     step = 1 / speeds["AWQ"]
     nbytes = weight_bytes(awq_model)
+    print(f"where an AWQ decode step goes (layer ops: {awq_model.ops.name}; timed part by part):")
+    print("\n".join(split_lines(awq_split, awq_linears_s * 1e3, step * 1e3)))
     print(
-        f"AWQ decode step: {step * 1e3:.1f} ms = INT4 linears alone {awq_linears_s * 1e3:.1f} ms "
-        f"({nbytes / awq_linears_s / 1e9:.1f} GB/s of packed weights) + everything else {(step - awq_linears_s) * 1e3:.1f} ms"
+        f"the INT4 linears alone read {nbytes / awq_linears_s / 1e9:.1f} GB/s of packed weights; "
+        f"step {step / awq_linears_s:.2f}x its matrix products alone"
     )
     if torch.cuda.is_available():
         _gpu_table(args.w_bit, args.group_size)

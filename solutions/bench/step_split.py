@@ -3,13 +3,23 @@
 - ``linear_seconds``: the model's linear layers alone, run in the order a step runs them, on random
   inputs of ``rows`` rows: at one row that is the time the step spends reading weights; the rest of a
   measured step is everything else (norms, RoPE, attention, the cache, sampling, Python).
+- ``measure_step_split``: the same step taken apart while it runs. Timers (``time.perf_counter`` around the
+  call) wrap each linear (matrix products), the model's ``attend`` calls (the K/V store and attention, layer
+  by layer), its elementwise chains (the ``LayerOps``, the final norm, the embedding lookup) and the engine's
+  sampler (logits to token ids); whatever the step spends outside them is Python and other work (scheduling,
+  building the step's inputs and attention tables, module calls, outputs). A timer adds well under a
+  microsecond per call, and the timed step is reported beside the untimed one.
 - ``gemm_flops``: the same linears at a prompt's worth of rows give the machine's GEMM FLOP/s on the
   model's own shapes, the ceiling a prefill is compared with.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -61,3 +71,117 @@ def gemm_flops(model: nn.Module, rows: int, repeats: int = 3) -> float:
     """FLOP/s of the model's linears on ``rows``-row inputs (each layer's shapes; LM head excluded)."""
     seconds = linear_seconds(model, rows, repeats, head_rows=1)
     return linear_flops(model, rows) / seconds
+
+
+SPLIT = ("matrix products", "attention", "elementwise", "sampler", "Python/other")
+CHAIN_NAMES = ("add_rms_norm", "rope", "silu_mul")  # the LayerOps functions, timed as elementwise
+
+
+class _Clock:
+    """Seconds spent inside timed calls, by part of the step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def timed(self, part: str, fn):
+        seconds = self.seconds
+
+        def timed_call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - start
+
+        return timed_call
+
+
+class _TimedAttend:
+    """The model's ``attend``, every call timed as attention (``rope_store_attend`` too, where offered)."""
+
+    def __init__(self, attend, clock: _Clock):
+        self._attend, self._call = attend, clock.timed("attention", attend)
+        if hasattr(attend, "rope_store_attend"):
+            self.rope_store_attend = clock.timed("attention", attend.rope_store_attend)
+
+    def __call__(self, layer, q, k, v):
+        return self._call(layer, q, k, v)
+
+
+@contextmanager
+def _timers(engine, clock: _Clock):
+    """Wrap the parts of ``engine``'s step in ``clock``'s timers (instance attributes: removed on exit)."""
+    model = engine.model
+    wrapped = [(m, "forward", "matrix products") for m in step_linears(model)]
+    wrapped += [(model.norm, "forward", "elementwise"), (model.embed_tokens, "forward", "elementwise")]
+    wrapped.append((engine, "_sample", "sampler"))
+    ops = model.ops
+    forward = model.forward
+    try:
+        for owner, name, part in wrapped:
+            setattr(owner, name, clock.timed(part, getattr(owner, name)))
+        model.forward = lambda ids, positions, attend: forward(ids, positions, _TimedAttend(attend, clock))
+        chains = {f: clock.timed("elementwise", getattr(ops, f)) for f in CHAIN_NAMES}
+        model.use_ops(replace(ops, **chains))
+        yield
+    finally:
+        model.use_ops(ops)
+        for owner, name, _ in [*wrapped, (model, "forward", None)]:
+            owner.__dict__.pop(name, None)
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """Milliseconds per decode step by part (``SPLIT``), from the timed steps; ``step_ms`` is their sum."""
+
+    ms: dict[str, float]
+    steps: int
+
+    @property
+    def step_ms(self) -> float:
+        return sum(self.ms.values())
+
+
+def measure_step_split(llm, prompt: str, new_tokens: int = 32, repeats: int = 3) -> StepSplit:
+    """Time each part of ``llm``'s batch-1 greedy decode steps (``new_tokens`` tokens after ``prompt``; the
+    prefill step is left out). Of ``repeats`` runs, the one whose mean step is the median is reported: its
+    parts add up to its step."""
+    from ..engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate(prompt, params)  # warm up
+    runs = []
+    for _ in range(repeats):
+        clock = _Clock()
+        per_step: list[dict[str, float]] = []
+        step = llm.engine.step
+
+        def one_step(step=step, clock=clock, per_step=per_step):
+            before = dict(clock.seconds)
+            start = time.perf_counter()
+            outputs = step()
+            spent = {part: clock.seconds[part] - before.get(part, 0.0) for part in SPLIT[:-1]}
+            spent["Python/other"] = time.perf_counter() - start - sum(spent.values())
+            per_step.append(spent)
+            return outputs
+
+        with _timers(llm.engine, clock):
+            llm.engine.step = one_step
+            try:
+                llm.generate(prompt, params)
+            finally:
+                llm.engine.__dict__.pop("step", None)
+        decode_steps = per_step[1:]  # the first step is the prefill
+        runs.append({part: 1e3 * statistics.fmean(s[part] for s in decode_steps) for part in SPLIT})
+    middle = sorted(runs, key=lambda r: sum(r.values()))[len(runs) // 2]
+    return StepSplit(middle, new_tokens - 1)
+
+
+def split_lines(split: StepSplit, products_alone_ms: float, untimed_step_ms: float) -> list[str]:
+    """The split as printed by ``bench decode`` and ``bench quant``: ms and share of the step per part."""
+    lines = [f"{'part of a decode step':<24}{'ms':>8}{'share':>8}"]
+    for part in SPLIT:
+        lines.append(f"{part:<24}{split.ms[part]:>8.2f}{split.ms[part] / split.step_ms:>8.0%}")
+    lines.append(f"{'timed step':<24}{split.step_ms:>8.2f}   (untimed {untimed_step_ms:.2f} ms)")
+    lines.append(f"{'matrix products alone':<24}{products_alone_ms:>8.2f}   (the linears back to back)")
+    return lines

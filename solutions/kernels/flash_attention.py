@@ -9,6 +9,11 @@ unnormalised output ``acc``, all in float32. Scores are kept in base 2 (scaled b
 The varlen form packs sequences along one token axis: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, with
 ``cu_seqlens_q``/``cu_seqlens_k`` ``[B + 1]`` int32 offsets; sequence ``b`` owns rows
 ``cu[b]:cu[b + 1]``.
+
+Every ``tl.dot`` goes through ``_dot``, which keeps float32 inputs in IEEE float32: a GPU's default rounds
+them to TF32 (10 mantissa bits), enough to flip a greedy token against a float32 reference. On CUDA the tile
+sizes, warps and pipeline stages are autotuned per head dim and shape (``kernels/tuning.py``); the interpreter
+runs small fixed tiles.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .attention import check_attention_inputs
+from .tuning import TunedKernel, pow2_bucket
 
 LOG2_E = 1.4426950408889634
 
@@ -45,17 +51,24 @@ def online_softmax_update(
 
 
 @triton.jit
+def _dot(a, b):
+    """``a @ b`` on tensor cores, accumulated in float32; float32 inputs stay IEEE float32 (not TF32)."""
+    return tl.dot(a, b, input_precision="ieee" if a.dtype == tl.float32 else "tf32")
+
+
+@triton.jit
 def _online_softmax_step(m_i, l_i, acc, s, v):
     """The kernel's copy of ``online_softmax_update`` on base-2 scores ``s`` [BLOCK_M, BLOCK_N]."""
     # BEGIN SOLUTION Lab 1: online_softmax_update again, in Triton, on base-2 scores
     # HINT: tl.maximum, tl.max(s, 1), tl.math.exp2, tl.sum(p, 1) and tl.where give the same update; keep the -inf guard.
-    # HINT: p @ v is tl.dot(p.to(v.dtype), v): tl.dot wants both operands in one dtype, and acc stays float32.
+    # HINT: p @ v is _dot(p.to(v.dtype), v) (this file's tl.dot, exact in float32): both operands in one
+    #  dtype, and acc stays float32.
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)
     return m_new, l_i, acc
     # END SOLUTION
 
@@ -114,13 +127,14 @@ def _flash_fwd(
     # BEGIN SOLUTION Lab 1: loop over key blocks up to hi: load a K and a V tile, score, mask, update (m_i, l_i, acc)
     # HINT: for start_n in range(0, hi, BLOCK_N): the block's key rows are cols = start_n + offs_n; load tiles like q
     #  (k_base + cols[:, None] * stride_kn + offs_d[None, :]) with mask=cols[:, None] < k_len, other=0.0.
-    # HINT: s = tl.dot(q, tl.trans(k)) * qk_scale; a key is visible if cols < k_len and, when CAUSAL, cols <= offs_m + shift;
-    #  s = tl.where(visible, s, float('-inf')), then m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
+    # HINT: s = _dot(q, tl.trans(k)) * qk_scale (_dot: tl.dot, exact in float32); a key is visible if
+    #  cols < k_len and, when CAUSAL, cols <= offs_m + shift; s = tl.where(visible, s, float('-inf')), then
+    #  m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = _dot(q, tl.trans(k)) * qk_scale
         visible = cols[None, :] < k_len
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
@@ -142,13 +156,42 @@ def _flash_fwd(
         tl.store(lse_base + offs_m * lse_stride, lse, mask=offs_m < q_len)
 
 
-def _block_sizes(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages); small tiles in the interpreter, where each op is slow."""
-    if device.type != "cuda":
-        return 16, 16, 1, 1
-    if head_dim <= 64:
-        return 128, 64, 4, 3
-    return 128, 64, 8, 2
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried on CUDA, for the FlashAttention kernel here and the varlen
+# paged prefill kernel (``paged_attention.py``). 128 x 64 with 4 warps / 3 stages (D 64) and 8 warps / 2
+# stages (D 128) were the fixed choice before autotuning; the smallest fits float32 at D 128.
+PREFILL_TILES = [
+    (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)
+]  # fmt: skip
+PREFILL_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+    for m, n, warps, stages in PREFILL_TILES
+]
+# The interpreter costs the same per tile step whatever the tile's size; 16 x 16 keeps the tests' tiles many.
+INTERPRETER_PREFILL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)
+
+
+def fitting_prefill_configs(configs: list[triton.Config], head_dim: int) -> list[triton.Config]:
+    """Drop tiles that cannot run well at this head dim: pipelined K/V (2-byte elements) and Q past ~200 KB of
+    shared memory fail to launch, and more than 64 float32 accumulator values a thread spill registers
+    (compiled for sm_90, 128 x 64 tiles at D 128 with 4 warps do)."""
+
+    def shared_bytes(c: triton.Config) -> int:
+        return (c.num_stages * 2 * c.kwargs["BLOCK_N"] + c.kwargs["BLOCK_M"]) * head_dim * 2
+
+    def accumulators_per_thread(c: triton.Config) -> int:
+        return c.kwargs["BLOCK_M"] * head_dim // (32 * c.num_warps)
+
+    return [c for c in configs if shared_bytes(c) <= 200 * 1024 and accumulators_per_thread(c) <= 64]
+
+
+_flash_fwd_tuned = TunedKernel(
+    _flash_fwd,
+    PREFILL_CONFIGS,
+    key=["HEAD_DIM", "CAUSAL", "VARLEN", "STORE_LSE", "q_len", "k_len"],
+    interpreter_config=INTERPRETER_PREFILL,
+    warm_up_hint="call flash_attention once with these shapes before capturing",
+    prune=fitting_prefill_configs,
+)
 
 
 def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -186,15 +229,13 @@ def flash_attention(
     out = torch.empty_like(q)
     lse = torch.empty((batch, q_heads, q_len), device=q.device, dtype=torch.float32)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device)
-    grid = (triton.cdiv(q_len, block_m), batch * q_heads)
-    _flash_fwd[grid](
+    _flash_fwd_tuned(
+        lambda meta: (triton.cdiv(q_len, meta["BLOCK_M"]), batch * q_heads),
         q, k, v, out, lse,
         q, q,  # cu_seqlens unused when VARLEN is off
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         q_len, k_len, q_heads, q_heads // kv_heads, scale * LOG2_E,
-        CAUSAL=causal, VARLEN=False, STORE_LSE=return_lse,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+        CAUSAL=causal, VARLEN=False, STORE_LSE=return_lse, HEAD_DIM=head_dim,
     )  # fmt: skip
     out = out.to(in_dtype)
     return (out, lse) if return_lse else out
@@ -235,16 +276,16 @@ def flash_attention_varlen(
     cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens_q, cu_seqlens_k))
     out = torch.empty_like(q)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    block_m, block_n, warps, stages = _block_sizes(head_dim, q.device)
-    grid = (max(1, triton.cdiv(max_seqlen_q, block_m)), batch * q_heads)
-    _flash_fwd[grid](
+    # With VARLEN the kernel reads each sequence's lengths from the offsets: q_len is only the tuning key.
+    tune_len = pow2_bucket(max_seqlen_q, 16, 1 << 16)
+    _flash_fwd_tuned(
+        lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), batch * q_heads),
         q, k, v, out, out,  # LSE unused when STORE_LSE is off
         cu_q, cu_k,
         0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0),
         0, out.stride(1), out.stride(0),
-        0, 0, q_heads, q_heads // k.shape[1], scale * LOG2_E,
-        CAUSAL=causal, VARLEN=True, STORE_LSE=False,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+        tune_len, 0, q_heads, q_heads // k.shape[1], scale * LOG2_E,
+        CAUSAL=causal, VARLEN=True, STORE_LSE=False, HEAD_DIM=head_dim,
     )  # fmt: skip
     return out.to(in_dtype)
 
