@@ -14,6 +14,8 @@ BENCHES = {
     "int4": "the W4A16 Triton kernels on a GPU: GB/s of weight bytes vs copy bandwidth and bf16 F.linear",
     "moe": "a MoE layer: grouped expert GEMM vs per-expert loop vs a dense FFN of equal active size",
     "attention": "prefill attention: our FlashAttention-2 kernel vs torch SDPA flash vs naive (TFLOP/s)",
+    "paged_attention": "paged decode GB/s vs copy bandwidth, batch-1 vs SDPA, varlen prefill vs SDPA (a GPU)",
+    "kernels": "the fused layer ops vs the plain torch chains, and kernels per decode layer (a GPU)",
     "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",
     "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
     "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",

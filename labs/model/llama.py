@@ -38,7 +38,10 @@ from .moe import MoEMLP, moe_weight_sources, stacked_experts
 
 
 class Attend(Protocol):
-    """Writes this step's K/V for ``layer`` into the cache and attends: q ``[T, Hq, D]`` -> ``[T, Hq, D]``."""
+    """Writes this step's K/V for ``layer`` into the cache and attends: q ``[T, Hq, D]`` -> ``[T, Hq, D]``.
+
+    An attend object may also offer ``rope_store_attend(layer, qkv, cos, sin, rope_store_kv)``: the same from
+    the unrotated fused projection ``[T, Hq + 2 Hkv, D]``, RoPE and the store in one ``rope_store_kv``."""
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
@@ -126,12 +129,15 @@ class LayerOps:
     ``add_rms_norm(x, residual, weight, eps) -> (normed, new_residual)`` (``residual`` may be None);
     ``rope(qk [T, H, D], cos [T, D], sin [T, D]) -> rotated`` (may write ``qk`` in place);
     ``silu_mul(gate_up [T, 2I]) -> [T, I]``. Every set must agree with ``PLAIN_OPS`` up to rounding.
+    ``rope_store_kv`` (optional): RoPE fused with the KV store, ``(qkv, cos, sin, k_cache, v_cache,
+    slot_mapping) -> rotated q`` (``kernels/fused_ops.py``), used if ``attend`` offers ``rope_store_attend``.
     """
 
     name: str
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    rope_store_kv: Callable[..., torch.Tensor] | None = None
 
 
 PLAIN_OPS = LayerOps("plain", add_rms_norm, apply_rope, silu_mul)
@@ -172,6 +178,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         tokens, rotated_heads = x.shape[0], self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x).view(tokens, rotated_heads + self.num_kv_heads, self.head_dim)
+        rope_store_attend = getattr(attend, "rope_store_attend", None) if self.ops.rope_store_kv else None
+        if rope_store_attend is not None:  # one kernel rotates Q and K and writes K and V into the cache
+            out = rope_store_attend(self.layer, qkv, cos, sin, self.ops.rope_store_kv)
+            return self.o_proj(out.reshape(tokens, -1))
         # Q and K heads sit side by side in the fused projection: rotate them in one call.
         q, k = self.ops.rope(qkv[:, :rotated_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         out = attend(self.layer, q, k, qkv[:, rotated_heads:])

@@ -15,6 +15,7 @@ is the ``KVCacheManager``'s business; this file only holds the bytes and reads/w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,31 @@ class PagedAttention:
         meta, k_cache, v_cache = self.meta, self.cache.k[layer], self.cache.v[layer]
         if self.triton:
             self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            if self._with_slot is not None:
+                k, v = k[self._with_slot], v[self._with_slot]
+            write_slots(k, v, k_cache, v_cache, self._slots)
+        return self._attend_stored(q, k_cache, v_cache)
+
+    def rope_store_attend(
+        self,
+        layer: int,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope_store_kv: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
+        """``__call__`` from the unrotated fused projection ``qkv`` ``[T, Hq + 2 Hkv, D]``: one
+        ``rope_store_kv`` launch rotates the queries in place and writes the rotated keys and the values at
+        the step's slots (negative slots write nothing), then the queries attend."""
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
+        q = rope_store_kv(qkv, cos, sin, k_cache, v_cache, self.meta.slot_mapping)
+        return self._attend_stored(q, k_cache, v_cache)
+
+    def _attend_stored(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Attention of q ``[T, Hq, D]`` through the block tables, this step's K/V already in the cache."""
+        meta = self.meta
+        if self.triton:
             return self._attention(
                 q,
                 k_cache,
@@ -109,8 +135,5 @@ class PagedAttention:
                 max_query_len=meta.max_query_len,
                 max_seq_len=meta.max_seq_len,
             )
-        if self._with_slot is not None:
-            k, v = k[self._with_slot], v[self._with_slot]
-        write_slots(k, v, k_cache, v_cache, self._slots)
         # A bfloat16 model on a CPU keeps a float32 cache (``Engine._allocate_kv_cache``): attend in its dtype.
         return self._step.attend(q.to(k_cache.dtype), k_cache, v_cache).to(q.dtype)
