@@ -9,13 +9,17 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from solutions.fast_mode import gpu_results
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------- Lab 7: the cost model, by hand
 
@@ -361,6 +365,9 @@ def test_planner_rejects_bad_figures(load):
 
 
 def test_lab7_exercises_are_holes_in_labs():
+    holes = (ROOT / "labs" / "fast_mode" / "planner.py").read_text().count("raise NotImplementedError('Lab 7")
+    if os.environ.get("FASTMODE_ALLOW_FILLED_LABS") == "1" and holes < 2:
+        pytest.skip("Lab 7 holds your code: `make grade LAB=7` grades it")
     planner = importlib.import_module("labs.fast_mode.planner")
     fmt = planner.WeightFormat(**FP32)
     with pytest.raises(NotImplementedError, match="Lab 7"):
@@ -686,6 +693,8 @@ def test_measured_weight_format_reproduces_its_own_batch_one_step(llm):
     assert fmt.linear_bandwidth > 1e8 and fmt.prefill_tokens_per_s > 0 and fmt.row_s >= 0
     p = planner.predict(fmt, planner.NO_SPECULATION, 1, 96)
     assert p.ttft_s > p.step_s > fmt.weight_bytes / fmt.linear_bandwidth
+    with pytest.raises(ValueError, match="needs batch 1 and a larger batch"):
+        measure.measure_weight_format(llm, "fp32", sweep={4: None})
 
 
 @pytest.mark.slow

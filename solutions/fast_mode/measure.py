@@ -17,7 +17,7 @@ import statistics
 
 from torch import nn
 
-from ..bench.batching import measure_batch_speed
+from ..bench.batching import BatchSpeed, measure_batch_speed
 from ..bench.step_split import linear_seconds, step_linears
 from ..engine.sampling_params import SamplingParams
 from .planner import WeightFormat
@@ -48,21 +48,36 @@ def measure_prefill_seconds(llm, prompt_tokens: int, repeats: int = 3, seed: int
 
 
 def measure_weight_format(
-    llm, name: str, batch: int = 8, new_tokens: int = 16, prompt_tokens: int = 256
+    llm,
+    name: str,
+    batch: int = 8,
+    new_tokens: int = 16,
+    prompt_tokens: int = 256,
+    sweep: dict[int, BatchSpeed] | None = None,
 ) -> WeightFormat:
     """Measure ``llm``'s engine as a ``WeightFormat`` (its max_num_seqs must allow ``batch``).
 
     ``row_s`` is the slope of the median TPOT between batch 1 and ``batch`` (never below 0: on a noisy machine
-    the two can come out in the wrong order). ``prefill_tokens_per_s`` counts the prompt's tokens over the
-    part of a lone prompt's TTFT beyond one decode step, so that the planner's TTFT (prefill + one step)
-    equals the measured one at batch 1."""
+    the two can come out in the wrong order). ``sweep``, a batch sweep already measured on this engine
+    (``measure_batch_speed`` by batch size), gives them instead: its batch 1 and its largest batch.
+    ``prefill_tokens_per_s`` counts the prompt's tokens over the part of a lone prompt's TTFT beyond one
+    decode step, so that the planner's TTFT (prefill + one step) equals the measured one at batch 1."""
+    if sweep is not None:
+        if 1 not in sweep or len(sweep) < 2:
+            raise ValueError(f"a sweep needs batch 1 and a larger batch, got batches {sorted(sweep)}")
+        batch = max(sweep)
     if batch < 2:
         raise ValueError(f"batch must be >= 2 to measure what a row adds, got {batch}")
+    if llm.engine.config.device != "cpu":
+        raise ValueError(
+            "measure_weight_format times a CPU engine (the linears' timing does not synchronise a GPU); "
+            "on a GPU, `python -m solutions bench gpu` measures the steps"
+        )
     model = llm.engine.model
     weight_bytes = step_weight_bytes(model)
     linears_s = linear_seconds(model, rows=1)
-    one = measure_batch_speed(llm, 1, new_tokens)
-    many = measure_batch_speed(llm, batch, new_tokens)
+    one = sweep[1] if sweep else measure_batch_speed(llm, 1, new_tokens)
+    many = sweep[batch] if sweep else measure_batch_speed(llm, batch, new_tokens)
     ttft = measure_prefill_seconds(llm, prompt_tokens)
     if ttft <= one.tpot_s:
         raise ValueError(
