@@ -331,6 +331,15 @@ def test_grouped_gemm_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
     assert tuned.best_config.kwargs["BLOCK_N"] in (32, 64), "the down launch ran another launch's candidate"
 
 
+def test_grouped_gemm_refuses_to_autotune_while_a_cuda_graph_captures(load, monkeypatch):
+    """A launch never timed, met during a capture, fails naming the warm-up to do, not inside the capture."""
+    moe_gemm = load("kernels.moe_gemm")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="never autotuned.*once eagerly"):
+        moe_gemm._refuse_tuning_in_a_graph((56, 24, 16, True, torch.float32))
+
+
 def test_bad_moe_inputs_are_named(load):
     moe_gemm, permute = load("kernels.moe_gemm"), load("kernels.moe_permute")
     x, w13, w2, _ = _moe_inputs(4, 16, 8, 3, seed=0)

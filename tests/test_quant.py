@@ -193,6 +193,15 @@ def test_w4a16_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
         kernel._max_split.cache_clear()
 
 
+def test_w4a16_refuses_to_autotune_while_a_cuda_graph_captures(load, monkeypatch):
+    """A launch never timed, met during a capture, fails naming the warm-up to do, not inside the capture."""
+    kernel = load("kernels.awq_gemm")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="never autotuned.*once eagerly"):
+        kernel._refuse_tuning_in_a_graph((True, 1, 72, 384, 128, torch.float32))
+
+
 def test_w4a16_kernel_rejects_mismatched_operands(load):
     kernel = load("kernels.awq_gemm")
     qweight, scales, zeros = torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1).half(), torch.zeros(8, 1)

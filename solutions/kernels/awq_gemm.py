@@ -216,6 +216,21 @@ def autotunes_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+_TUNED_LAUNCHES: set[tuple] = set()  # (gemv, row bucket, N, K, group, dtype) already timed
+
+
+def _refuse_tuning_in_a_graph(launch: tuple) -> None:
+    """A CUDA graph cannot record a tuning run (it synchronises): name the launch to warm up instead."""
+    if launch in _TUNED_LAUNCHES:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        gemv, m_bucket, n, k, group, dtype = launch
+        raise RuntimeError(
+            f"awq_gemm was never autotuned for {m_bucket}-row bucket, {n} x {k}, group {group}, {dtype}, "
+            "and a CUDA graph is being captured: call it once eagerly with that shape before capturing"
+        )
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -386,7 +401,10 @@ def awq_gemm(
         grid = lambda c: (tiles(c), 1, c["SPLIT_K"])  # noqa: E731
         meta["DOT_PRECISION"] = "ieee" if float32 else "tf32"
     if autotuned is not None:
+        launch = (gemv, m_bucket, n, k, group_size, x.dtype)
+        _refuse_tuning_in_a_graph(launch)
         autotuned[grid](*args, **meta)
+        _TUNED_LAUNCHES.add(launch)
         split = autotuned.best_config.kwargs["SPLIT_K"]  # the configuration this call ran
     else:
         tile = _fixed_tile(gemv, m, on_cuda, split_k or 1)

@@ -157,6 +157,20 @@ def autotunes_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+_TUNED_LAUNCHES: set[tuple] = set()  # (N, K, BLOCK_M, gated, dtype) already timed
+
+
+def _refuse_tuning_in_a_graph(launch: tuple) -> None:
+    """A CUDA graph cannot record a tuning run (it synchronises): name the launch to warm up instead."""
+    if launch in _TUNED_LAUNCHES:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"the grouped MoE kernel was never autotuned for (N, K, BLOCK_M, gated, dtype) = {launch} and a "
+            "CUDA graph is being captured: run the layer once eagerly with that batch size before the capture"
+        )
+
+
 def block_m_for(num_assignments: int, num_experts: int) -> int:
     """The row block (and permutation padding) for a batch: 16 rows when experts get a few rows each
     (decode: the weights are the cost, padding is free), up to 128 when they get hundreds (prefill:
@@ -209,7 +223,10 @@ def grouped_gemm(
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=perm.block,
     )  # fmt: skip
     if autotunes_on(a.device):
+        launch = (n_out, k, perm.block, gated, a.dtype)
+        _refuse_tuning_in_a_graph(launch)
         _grouped_gemm_autotuned[lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)](*args, **meta)
+        _TUNED_LAUNCHES.add(launch)
     else:  # the interpreter: one fixed small tile, no autotuning
         grid = (num_blocks * triton.cdiv(n_out, INTERPRETER_TILES["BLOCK_N"]),)
         _grouped_gemm_kernel[grid](*args, **meta, **INTERPRETER_TILES)
