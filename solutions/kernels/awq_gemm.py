@@ -29,9 +29,9 @@ Three tricks keep it there:
 
 Kernels: ``_w4a16_gemv_kernel`` for one row (batch-1 decode) on CUDA cores: per word it accumulates
 ``sum_i x_i (16 + c_i)`` and applies ``s * (part - (16 + z) * sum_i x_i)`` once; ``_w4a16_gemm_kernel``
-for two rows or more on tensor cores. With at most 16 rows it puts the weights on the MMA's large side
-(``SWAP_AB``: ``y^T = W x^T``, the 16-row ``x`` tile on the small side), so no tensor-core lane computes
-padding rows of weights.
+for two rows or more on tensor cores. With at most 16 rows it computes ``y^T = W x^T`` (``SWAP_AB``): the
+MMA's large side (64 rows a warpgroup) holds real weight rows, and only its 16-wide side carries the
+padding rows of ``x``. ``python -m solutions bench int4`` measures them against copy bandwidth.
 
 On CUDA both are autotuned per (row bucket, N, K, group): the first call of a shape times the candidates,
 so run each shape once eagerly before capturing a CUDA graph; every later call is graph-safe (no host

@@ -22,8 +22,9 @@ product is never written. The second multiplies each row by its routing weight a
 assignment order, so the sum over ``k`` is a reshape and a ``sum``. Programs run in groups of
 ``GROUP_SIZE_M`` row blocks per column tile (the Triton matmul tutorial's L2 ordering), so a weight tile
 is read from memory once for several row blocks of its expert. On CUDA the tile shapes are autotuned per
-(``BLOCK_M``, N, K, dtype): a shape's first call times the candidates, so run it once eagerly before
-capturing a CUDA graph (every later call is graph-safe: the grid comes from host integers only).
+(``BLOCK_M``, N, K, gating, dtype): a shape's first call times the candidates, so run it once eagerly
+before capturing a CUDA graph (every later call is graph-safe: the grid comes from host integers only).
+``python -m solutions bench moe`` times it against the per-expert loop and a dense FFN.
 
 The torch path (CPU) does the same permutation and runs one dense matmul per non-empty expert on its
 contiguous slice: a loop over experts, never over tokens.
