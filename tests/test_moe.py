@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from kernel_device import KERNEL_DEVICE
 
 # ---------------------------------------------------------------- router and balance loss (Lab 5)
 
@@ -214,9 +215,7 @@ def test_permutation_with_an_empty_expert_and_one_taking_all(load):
 
 # ---------------------------------------------------------------- grouped kernel vs the per-expert loop
 
-# Kernel tests run where the kernel runs: compiled on a GPU, through the Triton interpreter on a CPU.
-KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Kernel tests run on KERNEL_DEVICE: compiled on a GPU, through the Triton interpreter on a CPU.
 # Max error relative to the output's largest value, against the float64 loop: float32 keeps the fused
 # SwiGLU's float32 intermediate; bfloat16 rounds its inputs, the [T * k, I] intermediate and the output.
 MOE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -298,7 +297,7 @@ def test_autotune_candidates_fit_every_launch(load):
                     assert fits, f"{c} overflows shared memory at BLOCK_M={block_m}, gated={gated}, {dtype}"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernel runs this path for real")
+@pytest.mark.interpreter  # on a GPU the compiled kernel runs this path for real
 def test_grouped_gemm_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
     """The CUDA launch path (the autotuner's key, the pruning by BLOCK_M and gating, the grid from the chosen
     BLOCK_N) driven through the interpreter with small candidates and a wall-clock timer."""
@@ -370,7 +369,7 @@ def test_bench_moe_smoke_prints_both_tables_and_the_goals(capsys):
     assert len(grouped) == 1 and float(grouped[0].split()[-1]) < 2e-2, f"grouped row or its error:\n{out}"
 
 
-@requires_cuda
+@pytest.mark.requires_cuda
 def test_fused_moe_replays_in_a_cuda_graph(load):
     """With check_ids=False the layer reads nothing back to the host: captured once (after the eager call that
     autotunes), a graph replays it for new tokens and new routing and matches the eager result."""

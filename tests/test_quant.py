@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_device import KERNEL_DEVICE
 
 ROOT = Path(__file__).resolve().parent.parent
 EVAL_TEXT = ROOT / "data" / "text" / "kjv_luke_1-12.txt"
@@ -91,9 +92,7 @@ def test_rtn_rejects_bad_arguments(load):
 
 # ---------------------------------------------------------------- the W4A16 kernels and the packed module
 
-# Kernel tests run where the kernels run: compiled on a GPU, through the Triton interpreter on a CPU.
-KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Kernel tests run on KERNEL_DEVICE: compiled on a GPU, through the Triton interpreter on a CPU.
 # Max error relative to the largest output, against float64 x @ dequantized W^T. float32: the codes are
 # read exactly, scales and sums round in float32. bfloat16: the output (and, on tensor cores, each
 # dequantized weight) rounds to bfloat16.
@@ -149,7 +148,7 @@ def test_w4a16_autotune_candidates_cover_every_launch(load):
                     assert split == 1 or (m_bucket <= 16 and k_tiles >= 2 * split), f"{c} at K={k}"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernels run this path for real")
+@pytest.mark.interpreter  # on a GPU the compiled kernels run this path for real
 def test_w4a16_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
     """The CUDA launch path (candidates pruned per launch, the post-hook that adds a split's partial sums
     inside each timed call, the chosen split read back for the real call) driven through the interpreter,
@@ -227,7 +226,7 @@ def test_bench_int4_smoke_runs_every_product_and_states_the_goal(capsys):
     assert "goal: INT4 at one row" in out and "one decoder layer's products at 4 row(s)" in out, out
 
 
-@requires_cuda
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("m", [1, 4, 40], ids=lambda m: f"{m}rows")
 def test_w4a16_replays_in_a_cuda_graph_and_is_deterministic(load, m):
     """After one eager call (which autotunes), the product replays from a CUDA graph for new activations, with
@@ -245,7 +244,7 @@ def test_w4a16_replays_in_a_cuda_graph_and_is_deterministic(load, m):
     assert torch.equal(captured, product()), "the replayed graph differs from an eager call on the same input"
 
 
-@requires_cuda
+@pytest.mark.requires_cuda
 def test_quant_linear_cuda_runs_the_triton_kernels(load):
     linear = load("quant.linear")
     weight = torch.randn(192, 576, generator=torch.Generator().manual_seed(2)).cuda()
