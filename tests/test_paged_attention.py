@@ -189,6 +189,35 @@ def test_the_interpreter_never_autotunes(pa, load, monkeypatch):
     pa.tune_decode(batch.k_cache, batch.v_cache, batch=2, max_seq_len=64, num_splits=2, q_heads=3)
 
 
+def test_tuned_launch_path_keys_and_refuses_an_untuned_capture(pa, load, monkeypatch):
+    """The CUDA launch path, here on CPU tensors: the autotuner gets the call without tuned meta-parameters,
+    a key (the key arguments, bucketed, and the tensors' dtypes) is recorded, and while a graph is being
+    captured a key never seen is refused with the warm-up that would tune it, a seen one runs."""
+    tuning = load("kernels.tuning")
+    launches = []
+
+    class Autotuner:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid({"BLOCK_N": 64}), kwargs))
+
+    monkeypatch.setattr(tuning, "autotunes_on", lambda device: True)
+    monkeypatch.setattr(pa._paged_decode_tuned, "autotuned", Autotuner())
+    monkeypatch.setattr(pa._paged_decode_tuned, "tuned_keys", set())
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    batch = paged_batch([40, 7], [1, 1], q_heads=6, kv_heads=2, device="cpu")
+    decode = {"max_query_len": 1, "num_splits": 1}  # one split: no merge kernel after the (fake) launch
+    pa.paged_attention(*batch.args(), max_seq_len=512, **decode)
+    (grid, kwargs), key = launches[0], next(iter(pa._paged_decode_tuned.tuned_keys))
+    assert grid == (2, 2, 1) and "BLOCK_N" not in kwargs and "num_warps" not in kwargs
+    assert key[:4] == (64, 4, 16, False) and "torch.float32" in key, f"key {key}: D, BLOCK_H, block, split"
+    capturing[0] = True
+    pa.paged_attention(*batch.args(), max_seq_len=512, **decode)  # tuned: runs
+    with pytest.raises(RuntimeError, match="tune_decode"):
+        pa.paged_attention(*batch.args(), max_seq_len=4096, **decode)
+    assert len(launches) == 2
+
+
 @pytest.mark.requires_cuda
 def test_tuned_decode_is_captured_and_replayed_in_a_cuda_graph(pa, monkeypatch):
     """tune_decode tunes a bucket before capture; the captured decode then replays new inputs (new queries,

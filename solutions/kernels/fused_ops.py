@@ -157,20 +157,21 @@ def _rope_store_kv(
     tl.store(q_ptrs + HALF, new_b, mask=mask_q)
 
     slot = tl.load(slot_mapping + t).to(tl.int64)
+    # Names inside the branch are new: a compiled if may not give an outer name a new shape.
     if slot >= 0:
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
         offs_kv = tl.arange(0, BLOCK_HKV)
         mask_kv = (offs_kv[:, None] < kv_heads) & (offs_d[None, :] < HALF)
         k_ptrs = row + (q_heads + offs_kv[:, None]) * stride_h + offs_d[None, :]
-        a = tl.load(k_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
-        b = tl.load(k_ptrs + HALF, mask=mask_kv, other=0.0).to(tl.float32)
-        new_a, new_b = _rotated(a, b, cos_a, cos_b, sin_a, sin_b, QKV.dtype.element_ty)
+        k_a = tl.load(k_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+        k_b = tl.load(k_ptrs + HALF, mask=mask_kv, other=0.0).to(tl.float32)
+        rot_a, rot_b = _rotated(k_a, k_b, cos_a, cos_b, sin_a, sin_b, QKV.dtype.element_ty)
         k_dst = (
             K_cache + block * stride_kb + offset * stride_ks + offs_kv[:, None] * stride_kh + offs_d[None, :]
         )
-        tl.store(k_dst, _rounded(new_a, K_cache.dtype.element_ty), mask=mask_kv)
-        tl.store(k_dst + HALF, _rounded(new_b, K_cache.dtype.element_ty), mask=mask_kv)
+        tl.store(k_dst, _rounded(rot_a, K_cache.dtype.element_ty), mask=mask_kv)
+        tl.store(k_dst + HALF, _rounded(rot_b, K_cache.dtype.element_ty), mask=mask_kv)
         v_ptrs = k_ptrs + kv_heads * stride_h
         v_dst = (
             V_cache + block * stride_vb + offset * stride_vs + offs_kv[:, None] * stride_vh + offs_d[None, :]

@@ -23,6 +23,12 @@ def pow2_bucket(n: int, low: int, high: int) -> int:
     return min(max(triton.next_power_of_2(max(n, 1)), low), high)
 
 
+def autotunes_on(device: torch.device) -> bool:
+    """Whether launches on ``device`` are autotuned: compiled CUDA kernels only (timings in the interpreter
+    mean nothing)."""
+    return device.type == "cuda"
+
+
 def quick_bench(kernel_call: Callable[[], object], quantiles: Sequence[float]) -> list[float]:
     """The autotuner's timer, shortened from Triton's 25 + 100 ms per configuration: the configurations
     differ by tens of percent, and a tuning happens inside an engine's warm-up."""
@@ -61,7 +67,7 @@ class TunedKernel:
         self.tuned_keys: set[tuple] = set()
 
     def __call__(self, grid: Callable[[dict], tuple[int, ...]], *args, **kwargs) -> None:
-        if args[0].device.type != "cuda":
+        if not autotunes_on(args[0].device):
             config = self.interpreter_config
             self.kernel[grid(config.kwargs)](*args, **kwargs, **config.all_kwargs())
             return
