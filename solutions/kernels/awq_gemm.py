@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tuning import autotunes_on, quick_bench
+
 FLOAT_16_BITS = 0x41800000  # float32 16.0: a code in bits 19..22 beside these bits reads 16 + code
 
 
@@ -211,11 +213,6 @@ _PREFILL_TILES = [(64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 64, 
 INTERPRETER_BLOCK_N = 32
 
 
-def autotunes_on(device: torch.device) -> bool:
-    """Whether launches on ``device`` are autotuned: on CUDA, where timing them means something."""
-    return device.type == "cuda"
-
-
 _TUNED_LAUNCHES: set[tuple] = set()  # (gemv, row bucket, N, K, group, dtype) already timed
 
 
@@ -270,11 +267,6 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
                          x.dtype == torch.float32)  # fmt: skip
 
 
-def _quick_bench(kernel_call, quantiles):
-    """Autotuning timings: 20 ms of repeats per candidate (Triton's default is 100), medians as usual."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
-
-
 def _sum_splits(partial: torch.Tensor, out: torch.Tensor, split: int) -> None:
     block = 1024
     _sum_splits_kernel[(triton.cdiv(out.numel(), block),)](partial, out, out.numel(), split, block)
@@ -296,7 +288,7 @@ _gemv_autotuned = triton.autotune(
     key=["N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_sum_splits_when_timed,
-    do_bench=_quick_bench,
+    do_bench=quick_bench,
 )(_w4a16_gemv_kernel)
 
 _gemm_autotuned = triton.autotune(
@@ -320,7 +312,7 @@ _gemm_autotuned = triton.autotune(
     key=["M_BUCKET", "N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_sum_splits_when_timed,
-    do_bench=_quick_bench,
+    do_bench=quick_bench,
 )(_w4a16_gemm_kernel)
 
 

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from .moe_permute import Permutation, permute
+from .tuning import autotunes_on, quick_bench
 
 
 @triton.jit(do_not_specialize=["num_assignments", "num_blocks"])  # one binary whatever the batch size
@@ -135,11 +136,6 @@ def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> 
     return fitting
 
 
-def _quick_bench(kernel_call, quantiles):
-    """Autotuning timings: 20 ms of repeats per candidate (Triton's default is 100), medians as usual."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
-
-
 _grouped_gemm_autotuned = triton.autotune(
     configs=[
         triton.Config({"BLOCK_N": n, "BLOCK_K": k, "GROUP_SIZE_M": 8}, num_warps=warps, num_stages=stages)
@@ -149,13 +145,8 @@ _grouped_gemm_autotuned = triton.autotune(
     ],
     key=["N", "K", "BLOCK_M", "GATED"],
     prune_configs_by={"early_config_prune": _prune_configs},
-    do_bench=_quick_bench,
+    do_bench=quick_bench,
 )(_grouped_gemm_kernel)
-
-
-def autotunes_on(device: torch.device) -> bool:
-    """Whether launches on ``device`` are autotuned: on CUDA, where timing them means something."""
-    return device.type == "cuda"
 
 
 _TUNED_LAUNCHES: set[tuple] = set()  # (N, K, BLOCK_M, gated, dtype) already timed
