@@ -216,12 +216,16 @@ def test_tuned_launch_path_keys_and_refuses_an_untuned_capture(pa, load, monkeyp
     with pytest.raises(RuntimeError, match="tune_decode"):
         pa.paged_attention(*batch.args(), max_seq_len=4096, **decode)
     assert len(launches) == 2
+    monkeypatch.setenv("FASTMODE_AUTOTUNE", "0")  # the first fitting candidate, untimed, and no capture check
+    check_against_reference(pa.paged_attention(*batch.args(), max_seq_len=4096, **decode), batch, torch.float32)
+    assert len(launches) == 2, "FASTMODE_AUTOTUNE=0 must not reach the autotuner"
 
 
 @pytest.mark.requires_cuda
 def test_tuned_decode_is_captured_and_replayed_in_a_cuda_graph(pa, monkeypatch):
     """tune_decode tunes a bucket before capture; the captured decode then replays new inputs (new queries,
     shorter contexts) as an eager call computes them. A bucket never tuned is refused during capture."""
+    monkeypatch.setenv("FASTMODE_AUTOTUNE", "1")
     batch = paged_batch([37, 1, 70, 0], [1, 1, 1, 1])
     max_model_len = 512
     splits = pa.decode_num_splits(4, 3, max_model_len, batch.q.device)

@@ -8,10 +8,14 @@ context length seldom triggers a new tuning, and nothing on the host reads a dev
 
 A CUDA graph cannot record a tuning run (it synchronises the device): while the current stream is capturing, a
 key that was never tuned is refused with an error that says which warm-up call would have tuned it.
+
+``FASTMODE_AUTOTUNE=0`` runs each kernel's first configuration that fits, untimed, on CUDA too: correctness
+runs on a GPU then compile one variant per kernel instead of every candidate.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -56,6 +60,8 @@ class TunedKernel:
     ):
         self.kernel = kernel
         self.key = key
+        self.configs = configs
+        self.prune = prune
         self.interpreter_config = interpreter_config
         self.warm_up_hint = warm_up_hint
         early_prune = None
@@ -67,8 +73,8 @@ class TunedKernel:
         self.tuned_keys: set[tuple] = set()
 
     def __call__(self, grid: Callable[[dict], tuple[int, ...]], *args, **kwargs) -> None:
-        if not autotunes_on(args[0].device):
-            config = self.interpreter_config
+        if not autotunes_on(args[0].device) or os.environ.get("FASTMODE_AUTOTUNE", "1") == "0":
+            config = self._fixed_config(args[0].device, kwargs.get("HEAD_DIM"))
             self.kernel[grid(config.kwargs)](*args, **kwargs, **config.all_kwargs())
             return
         named = dict(zip(self.kernel.arg_names, args)) | kwargs
@@ -83,6 +89,12 @@ class TunedKernel:
             )
         self.autotuned[grid](*args, **kwargs)
         self.tuned_keys.add(key)
+
+    def _fixed_config(self, device: torch.device, head_dim: int | None) -> triton.Config:
+        """The interpreter's configuration, or on CUDA with autotuning off the first candidate that fits."""
+        if not autotunes_on(device):
+            return self.interpreter_config
+        return (self.prune(self.configs, head_dim) if self.prune else self.configs)[0]
 
     @property
     def last_config(self) -> triton.Config | None:
