@@ -15,11 +15,13 @@ bit of the special functions (``rsqrt``, ``exp``).
   the query heads of the fused QKV output in place, rotate the key heads and write them with the value heads
   into the paged cache at their slots (a negative slot writes nothing).
 
-Launches per decoder layer in a decode step with these ops (``TRITON_OPS`` in ``model/layer_ops.py``) and the
-Triton paged attention, counted by ``python -m solutions bench kernels`` on a GPU::
+Launches per decoder layer in a decode step with these ops (``layer_ops.triton_layer_ops()``) and the Triton
+paged attention, counted by ``python -m solutions bench kernels`` on a GPU::
 
     add_rms_norm | qkv GEMM | rope_store_kv | paged decode (+ split merge) | o_proj GEMM
     add_rms_norm | gate_up GEMM | silu_mul | down GEMM                       = 9, or 10 with a split context
+
+(a GEMM is one cuBLAS kernel, or two where cuBLAS splits K and reduces apart).
 
 All kernels take CUDA tensors (compiled) or CPU tensors (``TRITON_INTERPRET=1``, set before this module is
 imported). Inputs need stride 1 in their last dim; the outputs are new, contiguous tensors, except where a
