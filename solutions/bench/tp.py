@@ -63,13 +63,18 @@ def traffic(shape: ModelShape, world_size: int, itemsize: int) -> Traffic:
 
 
 def predicted_tokens_per_s(
-    shape: ModelShape, world_size: int, link_bytes_s: float, latency_s: float
+    shape: ModelShape,
+    world_size: int,
+    link_bytes_s: float,
+    latency_s: float,
+    hbm_bytes_s: float = H200_HBM_BYTES_S,
 ) -> float:
-    """Batch-1 decode tokens/s of ``shape`` in bfloat16 on ``world_size`` H200s joined by a link of
-    ``link_bytes_s`` each way: the weights from HBM, then each all-reduce (a ring: every GPU sends
-    ``2 (N - 1) / N`` of the message) and the logits gather, each also paying ``latency_s``."""
+    """Batch-1 decode tokens/s of ``shape`` in bfloat16 on ``world_size`` GPUs (H200s unless ``hbm_bytes_s``
+    says otherwise) joined by a link of ``link_bytes_s`` each way: the weights from HBM, then each all-reduce
+    (a ring: every GPU sends ``2 (N - 1) / N`` of the message) and the logits gather, each also paying
+    ``latency_s``."""
     t = traffic(shape, world_size, 2)
-    step = t.weight_bytes / H200_HBM_BYTES_S
+    step = t.weight_bytes / hbm_bytes_s
     if world_size > 1:
         ring = 2 * (world_size - 1) / world_size
         all_reduces = 2 * shape.num_layers + 1
