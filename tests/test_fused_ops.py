@@ -175,6 +175,7 @@ def test_rope_store_kv(fused, dtype, cache_dtype, block_size):
     )
     keys = apply_rope(before[:, q_heads : q_heads + kv_heads], cos, sin)
     kept = slots >= 0
+    kept_here = kept.to(KERNEL_DEVICE)
     flat_k, flat_v = (c.view(-1, kv_heads, head_dim).cpu() for c in (k_cache, v_cache))
     written = torch.isfinite(flat_k).flatten(1).all(-1)
     assert written.sum() == kept.sum() and written[slots[kept]].all(), (
@@ -182,14 +183,12 @@ def test_rope_store_kv(fused, dtype, cache_dtype, block_size):
     )
     expect_close(
         flat_k[slots[kept]],
-        rope_reference(before[kept.to(KERNEL_DEVICE), q_heads : q_heads + kv_heads], cos[kept], sin[kept]),
+        rope_reference(before[kept_here, q_heads : q_heads + kv_heads], cos[kept_here], sin[kept_here]),
         TOLERANCE[dtype],
         "stored keys",
     )
-    expect_like_plain(
-        flat_k[slots[kept]], keys[kept.to(KERNEL_DEVICE)].to(cache_dtype), "keys rotated as rope"
-    )
-    v_rows = before[kept.to(KERNEL_DEVICE), q_heads + kv_heads :].to(cache_dtype).cpu()
+    expect_like_plain(flat_k[slots[kept]], keys[kept_here].to(cache_dtype), "keys rotated as rope")
+    v_rows = before[kept_here, q_heads + kv_heads :].to(cache_dtype).cpu()
     assert torch.equal(flat_v[slots[kept]], v_rows), (
         "values are stored as they are, cast to the cache's dtype"
     )

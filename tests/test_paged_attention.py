@@ -217,7 +217,8 @@ def test_tuned_launch_path_keys_and_refuses_an_untuned_capture(pa, load, monkeyp
         pa.paged_attention(*batch.args(), max_seq_len=4096, **decode)
     assert len(launches) == 2
     monkeypatch.setenv("FASTMODE_AUTOTUNE", "0")  # the first fitting candidate, untimed, and no capture check
-    check_against_reference(pa.paged_attention(*batch.args(), max_seq_len=4096, **decode), batch, torch.float32)
+    here = paged_batch([40, 7], [1, 1], q_heads=6, kv_heads=2)  # a real launch: on the kernel device
+    check_against_reference(pa.paged_attention(*here.args(), max_seq_len=4096, **decode), here, torch.float32)
     assert len(launches) == 2, "FASTMODE_AUTOTUNE=0 must not reach the autotuner"
 
 
