@@ -76,9 +76,9 @@ class VocabParallelEmbedding(nn.Module):
         # HINT: Rank r's table holds its own ids only: id vocab_start + i is row i. Another rank's id is out
         #  of range here (an index error) or, shifted, lands on a wrong row. So give every id a valid row
         #  first (0 will do), look up, then zero the output rows of the ids that are not this rank's.
-        # HINT: mine = (ids >= vocab_start) & (ids < vocab_end) marks this rank's ids; look them up at
-        #  torch.where(mine, ids - vocab_start, 0); zero the rest with out.masked_fill(~mine[..., None], 0);
-        #  then group.all_reduce(out) when world_size > 1.
+        # HINT: A boolean mask of this rank's ids, from two comparisons; torch.where picks each id's row (its
+        #  local one, or 0); Tensor.masked_fill zeros rows where a mask is True (give the mask a trailing axis
+        #  to cover the hidden dim); then group.all_reduce when world_size > 1.
         mine = (ids >= self.vocab_start) & (ids < self.vocab_end)
         out = self.embedding(torch.where(mine, ids - self.vocab_start, 0))
         out = out.masked_fill(~mine.unsqueeze(-1), 0)
