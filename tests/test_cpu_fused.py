@@ -223,3 +223,23 @@ def test_the_choice_follows_the_measurement_per_regime(tmp_path, monkeypatch):
         gate_up = torch.randn(rows, 80)
         assert torch.equal(ops.silu_mul(gate_up), PLAIN_OPS.silu_mul(gate_up)), f"{rows} rows"
     assert rows_seen == [1], f"the compiled chain ran at {rows_seen} rows; it won only at one row (decode)"
+
+
+def test_select_layer_ops_on_a_cpu(tmp_path, monkeypatch):
+    """Given the model, a CPU gets the measured set; without it, or with FASTMODE_FUSED=0, PLAIN_OPS and no
+    compiling at all."""
+    from solutions.model.layer_ops import select_layer_ops
+
+    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))
+    model = tiny_llama(torch.float32)
+    measured = cpu_layer_ops.cpu_layer_ops(model)
+    monkeypatch.delenv("FASTMODE_FUSED", raising=False)
+    assert select_layer_ops("cpu", model).name == measured.name
+    assert select_layer_ops("cpu") is PLAIN_OPS
+
+    def no_compiling(dtype):
+        raise AssertionError("FASTMODE_FUSED=0 must not compile or measure anything")
+
+    monkeypatch.setattr(cpu_layer_ops, "compiled_chains", no_compiling)
+    monkeypatch.setenv("FASTMODE_FUSED", "0")
+    assert select_layer_ops(torch.device("cpu"), model) is PLAIN_OPS
