@@ -644,6 +644,7 @@ def test_bench_gpu_runs_newest_first_and_their_sweep(tmp_path):
         ]
         header = {
             "machine": "NVIDIA H200",
+            "device": "cuda",
             "date": date,
             "command": "python -m solutions bench gpu",
             "commit": "a",
@@ -661,6 +662,10 @@ def test_bench_gpu_runs_newest_first_and_their_sweep(tmp_path):
     runs = gpu_results.bench_gpu_runs(tmp_path)
     names = ["gpu_nvidia-h200_2026-12-05-2.json", "gpu_nvidia-h200_2026-12-05.json"]
     assert [r.path.name for r in runs] == [*names, "gpu_nvidia-h200_2026-12-04.json"]
+    assert all(r.on_gpu for r in runs) and gpu_results.load_baseline().on_gpu
+    assert gpu_results.finished_section(runs[1], "sweep", "smollm2-1.7b")["status"] == "ok"
+    assert gpu_results.finished_section(runs[0], "sweep", "smollm2-1.7b") is None  # timed out
+    assert gpu_results.finished_section(runs[1], "bandwidth") is None  # not measured in that run
     assert gpu_results.bench_gpu_frontier(runs[0]) == {}  # its sweep did not finish
     points = gpu_results.bench_gpu_frontier(runs[1])["smollm2-1.7b"]
     assert [p.batch for p in points] == [1, 2, 4] and math.isclose(points[2].per_user_tokens_per_s, 1e3 / 14)

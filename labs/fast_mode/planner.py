@@ -35,9 +35,7 @@ class WeightFormat:
     Invariant: all figures positive except ``row_s`` and ``step_overhead_s`` (>= 0)."""
 
     name: str
-    engine_options: dict[
-        str, Any
-    ]  # the LLM(...) keywords that select it: {"dtype": ...} or {"quantization": "awq"}
+    engine_options: dict[str, Any]  # the LLM(...) keywords that select it: dtype, quantization
     weight_bytes: float  # bytes one decode step reads
     linear_bandwidth: float  # bytes/s the step's matrix products stream them at
     step_overhead_s: float  # the rest of a batch-1 step: norms, attention, sampling, the engine's bookkeeping

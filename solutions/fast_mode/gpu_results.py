@@ -21,14 +21,20 @@ BASELINE_DIR = RESULTS_DIR / "h200-2026-12-04-baseline"
 
 @dataclass(frozen=True)
 class GpuRun:
-    """One GPU run: where and when it ran, the command, and its JSON document."""
+    """One run: the machine (a GPU's name; a CPU's for a ``bench gpu`` smoke run on ``device`` "cpu"), when it
+    ran, the commit and command, and its JSON document."""
 
     gpu: str
+    device: str
     date: str
     commit: str
     command: str
     path: Path
     data: dict
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
 
     @property
     def label(self) -> str:
@@ -50,6 +56,7 @@ def load_baseline(folder: Path = BASELINE_DIR) -> GpuRun:
     meta = json.loads((folder / "run.json").read_text())
     return GpuRun(
         gpu=meta["gpu"],
+        device="cuda",
         date=meta["date"],
         commit=meta["commit"],
         command=meta["commands"]["probe.json"],
@@ -131,7 +138,15 @@ def bench_gpu_runs(root: Path = RESULTS_DIR) -> list[GpuRun]:
         if not header:
             continue
         runs.append(
-            GpuRun(header["machine"], header["date"], header["commit"], header["command"], path, data)
+            GpuRun(
+                header["machine"],
+                header["device"],
+                header["date"],
+                header["commit"],
+                header["command"],
+                path,
+                data,
+            )
         )
     return sorted(runs, key=lambda r: (r.date, _run_number(r.path)), reverse=True)
 
@@ -153,3 +168,11 @@ def bench_gpu_frontier(run: GpuRun, engine: str = "graphs") -> dict[str, list[Fr
                 FrontierPoint(r["batch"], r["per_request_tok_s"], r["aggregate_tok_s"]) for r in rows
             ]
     return frontier
+
+
+def finished_section(run: GpuRun, key: str, shape: str | None = None) -> dict | None:
+    """A ``bench gpu`` run's section (``run.data[key]``, or ``run.data["shapes"][shape][key]``) if it finished
+    ("status": "ok"), else None."""
+    parent = run.data.get("shapes", {}).get(shape, {}) if shape else run.data
+    section = parent.get(key)
+    return section if isinstance(section, dict) and section.get("status") == "ok" else None
