@@ -428,16 +428,16 @@ def tune_decode(
     *,
     batch: int,
     max_seq_len: int,
-    num_splits: int,
     q_heads: int,
+    num_splits: int | None = None,
 ) -> None:
     """Autotune the decode kernel for one CUDA-graph bucket before it is captured: ``batch`` sequences of
-    ``max_seq_len`` tokens each, cut into ``num_splits`` ranges, reading the engine's own caches (one layer's
-    ``[num_blocks, block_size, Hkv, D]``; block 0 is never read, nothing is written). A later
-    ``paged_attention(..., max_query_len=1, max_seq_len=max_seq_len, num_splits=num_splits)`` over ``batch``
-    sequences of this cache's shape and dtype reuses the tuned configuration, inside a graph too. A real
-    warm-up step cannot tune: its padding rows have no context to time. Does nothing off CUDA (nothing is
-    tuned there)."""
+    ``max_seq_len`` tokens each, cut into ``num_splits`` ranges (default: ``decode_num_splits``, as in
+    ``paged_attention``), reading the engine's own caches (one layer's ``[num_blocks, block_size, Hkv, D]``;
+    block 0 is never read, nothing is written). A later ``paged_attention(..., max_query_len=1,
+    max_seq_len=max_seq_len, num_splits=num_splits)`` over ``batch`` sequences of this cache's shape and dtype
+    reuses the tuned configuration, inside a graph too. A real warm-up step cannot tune: its padding rows have
+    no context to time. Does nothing off CUDA (nothing is tuned there)."""
     if k_cache.device.type != "cuda":
         return
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
