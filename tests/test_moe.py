@@ -330,6 +330,22 @@ def test_grouped_gemm_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
     assert tuned.best_config.kwargs["BLOCK_N"] in (32, 64), "the down launch ran another launch's candidate"
 
 
+@pytest.mark.interpreter  # on a GPU the compiled kernel runs this path for real
+def test_grouped_gemm_untimed_cuda_path_runs_the_first_candidate(load, monkeypatch):
+    """FASTMODE_AUTOTUNE=0 on CUDA runs each launch's first candidate untimed, driven here through the
+    interpreter."""
+    moe_gemm = load("kernels.moe_gemm")
+    monkeypatch.setattr(moe_gemm, "autotunes_on", lambda device: True)
+    monkeypatch.setenv("FASTMODE_AUTOTUNE", "0")
+    x, w13, w2, g = _moe_inputs(21, 48, 40, 4, seed=13)
+    experts = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
+    weights = torch.rand(21, 2, generator=g)
+    expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
+    ours = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
+    err = ((ours.double() - expected).abs().max() / expected.abs().max()).item()
+    assert err < 1e-5, f"FASTMODE_AUTOTUNE=0 path: relative error {err:.2e}"
+
+
 def test_grouped_gemm_refuses_to_autotune_while_a_cuda_graph_captures(load, monkeypatch):
     """A launch never timed, met during a capture, fails naming the warm-up to do, not inside the capture."""
     moe_gemm = load("kernels.moe_gemm")

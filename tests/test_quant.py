@@ -192,6 +192,21 @@ def test_w4a16_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
         kernel._max_split.cache_clear()
 
 
+@pytest.mark.interpreter  # on a GPU the compiled kernels run this path for real
+def test_w4a16_untimed_cuda_path_runs_each_launchs_first_candidate(load, monkeypatch):
+    """FASTMODE_AUTOTUNE=0 and a chosen split on CUDA run the launch's first candidate untimed (a GEMV,
+    skinny and prefill tile), driven here through the interpreter."""
+    kernel = load("kernels.awq_gemm")
+    monkeypatch.setattr(kernel, "autotunes_on", lambda device: True)
+    monkeypatch.setattr(kernel, "_sm_count", lambda device_index: 4)
+    for m, split_k, knob in ((1, None, "0"), (4, None, "0"), (40, None, "0"), (4, 3, "1")):
+        monkeypatch.setenv("FASTMODE_AUTOTUNE", knob)
+        (x, qweight, scales, zeros), expected = _w4a16_case(load, m, 64, 256, 64, torch.float32, seed=m)
+        out = kernel.awq_gemm(x, qweight, scales, zeros, 64, split_k=split_k)
+        err = ((out.double() - expected).abs().max() / expected.abs().max()).item()
+        assert err < 1e-5, f"{m} rows, split {split_k}, FASTMODE_AUTOTUNE={knob}: relative error {err:.2e}"
+
+
 def test_w4a16_refuses_to_autotune_while_a_cuda_graph_captures(load, monkeypatch):
     """A launch never timed, met during a capture, fails naming the warm-up to do, not inside the capture."""
     kernel = load("kernels.awq_gemm")

@@ -35,13 +35,15 @@ padding rows of ``x``. ``python -m solutions bench int4`` measures them against 
 
 On CUDA both are autotuned per (row bucket, N, K, group): the first call of a shape times the candidates,
 so run each shape once eagerly before capturing a CUDA graph; every later call is graph-safe (no host
-reads of device values, the grid from host integers only). Under ``TRITON_INTERPRET=1`` they run one small
-fixed tile; the engine's CPU path uses torch's own int4 kernel instead (``quant.linear``).
+reads of device values, the grid from host integers only). ``FASTMODE_AUTOTUNE=0`` runs one fixed tile
+untimed instead (a correctness run compiles one variant per kernel). Under ``TRITON_INTERPRET=1`` they
+run one small fixed tile; the engine's CPU path uses torch's own int4 kernel instead (``quant.linear``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -342,14 +344,17 @@ def _max_split(gemv: bool, m_bucket: int, n: int, k: int, device_index: int, flo
     return max(c.kwargs["SPLIT_K"] for c in kept)
 
 
-def _fixed_tile(gemv: bool, m: int, on_cuda: bool, split: int) -> dict:
-    """The one tile used without autotuning: in the interpreter (small: fast to interpret), or for a chosen
-    split."""
-    tile = dict(BLOCK_N=(128 if gemv else 64) if on_cuda else INTERPRETER_BLOCK_N, SPLIT_K=split)
-    if gemv:
-        return tile | dict(STAGES=3)
-    skinny = m <= SKINNY_ROWS
-    return tile | dict(BLOCK_M=16 if skinny or not on_cuda else 64, GROUP_SIZE_M=2, SWAP_AB=skinny)
+def _fixed_config(gemv: bool, m_bucket: int, n: int, k: int, x: torch.Tensor, split: int) -> dict:
+    """The one configuration run untimed: the interpreter's small tile; on CUDA (a chosen split, or
+    ``FASTMODE_AUTOTUNE=0``) the launch's first candidate, with that split."""
+    if not autotunes_on(x.device):
+        tile = dict(BLOCK_N=INTERPRETER_BLOCK_N, SPLIT_K=split)
+        if gemv:
+            return tile | dict(STAGES=3)
+        return tile | dict(BLOCK_M=16, GROUP_SIZE_M=2, SWAP_AB=m_bucket <= SKINNY_ROWS)
+    configs = (_gemv_autotuned if gemv else _gemm_autotuned).configs
+    sms, float32 = _sm_count(x.device.index or 0), x.dtype == torch.float32
+    return _worth_timing(configs, m_bucket, n, k, sms, float32)[0].all_kwargs() | dict(SPLIT_K=split)
 
 
 def awq_gemm(
@@ -373,9 +378,10 @@ def awq_gemm(
         return awq_gemm(x.float(), qweight, scales, zeros, group_size, split_k).to(x.dtype)
     x, qweight = x.contiguous(), qweight.contiguous()
     (m, k), n = x.shape, qweight.shape[0]
-    on_cuda, gemv, float32 = x.device.type == "cuda", m == 1, x.dtype == torch.float32
+    gemv, float32 = m == 1, x.dtype == torch.float32
     m_bucket = min(triton.next_power_of_2(m), 1024)
-    tuned = autotunes_on(x.device) and split_k is None
+    # FASTMODE_AUTOTUNE=0 (as for the attention kernels): one fixed tile on CUDA too, for correctness runs
+    tuned = autotunes_on(x.device) and split_k is None and os.environ.get("FASTMODE_AUTOTUNE", "1") != "0"
     autotuned = (_gemv_autotuned if gemv else _gemm_autotuned) if tuned else None
     if autotuned is not None:
         max_split = _max_split(gemv, m_bucket, n, k, x.device.index or 0, float32)
@@ -399,9 +405,9 @@ def awq_gemm(
         _TUNED_LAUNCHES.add(launch)
         split = autotuned.best_config.kwargs["SPLIT_K"]  # the configuration this call ran
     else:
-        tile = _fixed_tile(gemv, m, on_cuda, split_k or 1)
-        (_w4a16_gemv_kernel if gemv else _w4a16_gemm_kernel)[grid(tile)](*args, **meta, **tile)
-        split = tile["SPLIT_K"]
+        config = _fixed_config(gemv, m_bucket, n, k, x, split_k or 1)
+        (_w4a16_gemv_kernel if gemv else _w4a16_gemm_kernel)[grid(config)](*args, **meta, **config)
+        split = config["SPLIT_K"]
     if split > 1:
         _sum_splits(partial, out, split)
     return out

@@ -24,13 +24,16 @@ assignment order, so the sum over ``k`` is a reshape and a ``sum``. Programs run
 is read from memory once for several row blocks of its expert. On CUDA the tile shapes are autotuned per
 (``BLOCK_M``, N, K, gating, dtype): a shape's first call times the candidates, so run it once eagerly
 before capturing a CUDA graph (every later call is graph-safe: the grid comes from host integers only).
-``python -m solutions bench moe`` times it against the per-expert loop and a dense FFN.
+``FASTMODE_AUTOTUNE=0`` runs the first candidate untimed instead (a correctness run compiles one variant
+per launch). ``python -m solutions bench moe`` times the kernel against the per-expert loop and a dense FFN.
 
 The torch path (CPU) does the same permutation and runs one dense matmul per non-empty expert on its
 contiguous slice: a loop over experts, never over tokens.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -214,14 +217,17 @@ def grouped_gemm(
         TOP_K=top_k, GATED=gated, SCALE_ROWS=row_scale is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=perm.block,
     )  # fmt: skip
-    if autotunes_on(a.device):
+    grid = lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)  # noqa: E731
+    if not autotunes_on(a.device):  # the interpreter: one fixed small tile
+        _grouped_gemm_kernel[grid(INTERPRETER_TILES)](*args, **meta, **INTERPRETER_TILES)
+    elif os.environ.get("FASTMODE_AUTOTUNE", "1") == "0":  # correctness runs: the first candidate, untimed
+        config = _prune_configs(_grouped_gemm_autotuned.configs, {"a_ptr": a}, **meta)[0]
+        _grouped_gemm_kernel[grid(config.kwargs)](*args, **meta, **config.all_kwargs())
+    else:
         launch = (n_out, k, perm.block, gated, a.dtype)
         _refuse_tuning_in_a_graph(launch)
-        _grouped_gemm_autotuned[lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)](*args, **meta)
+        _grouped_gemm_autotuned[grid](*args, **meta)
         _TUNED_LAUNCHES.add(launch)
-    else:  # the interpreter: one fixed small tile, no autotuning
-        grid = (num_blocks * triton.cdiv(n_out, INTERPRETER_TILES["BLOCK_N"]),)
-        _grouped_gemm_kernel[grid](*args, **meta, **INTERPRETER_TILES)
     return out
 
 
