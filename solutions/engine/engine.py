@@ -22,6 +22,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
+from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
 from .detokenizer import IncrementalDetokenizer, NullDetokenizer
@@ -69,6 +70,8 @@ class Engine:
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
         self.device = self.model.norm.weight.device
+        if self.workers is None:
+            self.model.use_ops(select_layer_ops(self.device, self.model))  # fused kernels where they pay
         cache = self._allocate_kv_cache()
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
