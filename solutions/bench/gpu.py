@@ -3,8 +3,9 @@
 For each named shape (a real model's config with random bfloat16 weights, see ``model_shapes``) it measures:
 
 - decode: batch-1 decode tok/s of this engine eager (``enforce_eager=True``), this engine with its default
-  (CUDA graphs where the engine has them) and Hugging Face ``generate`` on the same folder, against the
-  roofline (weight bytes per token over the measured copy bandwidth);
+  (CUDA graphs where the engine has them), on CUDA the same with INT4 weights (W4A16: RTN codes in AWQ's format,
+  which time as AWQ's do) and Hugging Face ``generate`` on the same folder, against the roofline (weight bytes
+  per token over the measured copy bandwidth);
 - profile: one decode step's wall time vs GPU busy time, kernels, host syncs and copies (``torch.profiler``);
 - sweep: steady-state decode at batch 1, 2, 4, ... max_num_seqs: per-request and aggregate tok/s;
 - throughput: nano-vllm's workload (``benchmarks/bench.py`` there: 256 requests, random token ids below
@@ -81,7 +82,7 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
     prompt = random_prompts(1, s.decode_prompt, models.shape.vocab_size, seed=1)[0]
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     runs = {}
-    for kind in ENGINES:
+    for kind in (*ENGINES, "int4") if device.startswith("cuda") else ENGINES:
         llm = models.llm(kind)
         runs[kind] = lambda n, llm=llm: (llm.generate([prompt], greedy(n), use_tqdm=False), sync())
     ids = torch.tensor([prompt], device=device)
@@ -96,13 +97,20 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
         weight_bytes_per_token=weight_bytes,
         roofline_tok_s=roofline,
     )
+    int4_bytes = stored_bytes_per_token(models.llm("int4").engine.model) if "int4" in speeds else None
     section.out["rows"] = [
         {
             "engine": kind,
             "label": label(kind, device),
             "tok_s": speed,
             "ms_per_token": 1e3 / speed,
-            "roofline_share": speed / roofline if roofline else None,
+            # The INT4 engine against its own roofline: its bytes per token at the same bandwidth.
+            "roofline_share": None
+            if not roofline
+            else speed * int4_bytes / (bandwidth_GBps * 1e9)
+            if kind == "int4"
+            else speed / roofline,
+            **({"weight_bytes_per_token": int4_bytes} if kind == "int4" else {}),
         }
         for kind, speed in speeds.items()
     ]
@@ -110,7 +118,16 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
         "graphs_vs_eager": speeds["graphs"] / speeds["eager"],
         "graphs_vs_hf": speeds["graphs"] / speeds["hf"],
         "eager_vs_hf": speeds["eager"] / speeds["hf"],
+        **({"int4_vs_graphs": speeds["int4"] / speeds["graphs"]} if "int4" in speeds else {}),
     }
+    models.release("int4")
+
+
+def stored_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes a decode step of a quantized model reads, counted as every stored tensor once: its packed codes,
+    scales and zero points (buffers) and its float parameters (norms). Exact for a tied embedding (the LM head's
+    table); an untied one is counted whole though a step reads one row of it."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 def _steady_steps(models: ShapeModels, kind: str, batch: int, profile: bool) -> dict:
@@ -165,9 +182,7 @@ def measure_sweep(models: ShapeModels, section: Section) -> None:
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
 
 
-def bench_shape(
-    report: Report, name: str, device: str, sizes: Sizes, sections: list[str], max_num_seqs: int
-) -> None:
+def bench_shape(report: Report, name: str, device: str, sizes: Sizes, sections: list[str], max_num_seqs: int) -> None:
     """Every selected section of one shape, in order, within the run's deadline less the spec rows' share."""
     reserve = SPEC_RESERVE_S if "spec" in sections else 0.0
     shape_out = report.data.setdefault("shapes", {}).setdefault(name, {})
@@ -198,17 +213,14 @@ def bench_shape(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench gpu", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m solutions bench gpu", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--shapes",
         "--shape",
         nargs="+",
         default=None,
         metavar="SHAPE",
-        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: "
-        f"{' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
+        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: {' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
     )
     parser.add_argument(
         "--sections",
@@ -218,28 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION",
         help=f"any of {', '.join(SECTIONS)} (default: all)",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement"
-    )
+    parser.add_argument("--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement")
     parser.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda when present)")
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep"
-    )
-    parser.add_argument(
-        "--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)"
-    )
-    parser.add_argument(
-        "--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)"
-    )
-    parser.add_argument(
-        "--time-limit", type=float, default=470, help="seconds; later sections are skipped past it"
-    )
-    parser.add_argument(
-        "--out", default="results", help="folder for the JSON and markdown (default: results)"
-    )
-    parser.add_argument(
-        "--commit", default=None, help="the commit measured (default: git describe, when in git)"
-    )
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep")
+    parser.add_argument("--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)")
+    parser.add_argument("--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)")
+    parser.add_argument("--time-limit", type=float, default=470, help="seconds; later sections are skipped past it")
+    parser.add_argument("--out", default="results", help="folder for the JSON and markdown (default: results)")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git describe, when in git)")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -263,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if "bandwidth" in args.sections:
-        copy = lambda sec: sec.out.update(
-            measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats)
-        )
+        copy = lambda sec: sec.out.update(measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats))
         report.section(report.data, "bandwidth", BUDGET_S["bandwidth"], copy)
     for name in shapes if set(args.sections) & {"decode", "profile", "sweep", "throughput"} else []:
         bench_shape(report, name, device, sizes, args.sections, args.max_num_seqs)

@@ -17,6 +17,7 @@ from .model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpo
 
 CPU_KV_CACHE_BYTES = 256 << 20
 ENGINES = ("eager", "graphs")
+INT4_KV_CACHE_BYTES = 2 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,8 @@ QUICK = Sizes(
 def label(kind: str, device: str) -> str:
     if kind == "hf":
         return "HF transformers generate"
+    if kind == "int4":
+        return "this engine, INT4 W4A16 weights (RTN codes: AWQ's format and kernel), CUDA graphs"
     if kind == "eager":
         return "this engine, enforce_eager=True"
     return "this engine, enforce_eager=False" + (
@@ -103,9 +106,7 @@ class ShapeModels:
             shape=self.name,
             source=self.shape.source,
             config=self.shape.hf_config(),
-            weights="its Q4_1 weights dequantized to bfloat16"
-            if self.name == "bundled"
-            else "random bfloat16 weights",
+            weights="its Q4_1 weights dequantized to bfloat16" if self.name == "bundled" else "random bfloat16 weights",
             weight_bytes=self.shape.weight_bytes(),
             write_s=time.perf_counter() - start,
             dtype=self.dtype,
@@ -121,13 +122,7 @@ class ShapeModels:
         shape = self.shape
         total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
         hf_cache = (
-            self.sizes.hf_batch
-            * self.max_model_len
-            * 2
-            * shape.num_layers
-            * shape.num_kv_heads
-            * shape.head_dim
-            * 2
+            self.sizes.hf_batch * self.max_model_len * 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
         )
         each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
         return int(min(max(each, 2 << 30), 40 << 30))
@@ -142,8 +137,10 @@ class ShapeModels:
                 device=self.device,
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=self.max_model_len,
-                kv_cache_memory=self.kv_cache_bytes,
+                # The INT4 engine only decodes one sequence: a small cache leaves room for the other three models.
+                kv_cache_memory=INT4_KV_CACHE_BYTES if kind == "int4" else self.kv_cache_bytes,
                 enforce_eager=kind == "eager",
+                quantization="rtn" if kind == "int4" else None,
             )
         return self.built[kind]
 
