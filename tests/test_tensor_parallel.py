@@ -423,10 +423,11 @@ TINY_BLOCKS = 13  # 12 usable: fewer than the workload below needs at once, so i
 
 def tiny_llm(load, folder: Path, size: int, device: str = "cpu"):
     """The tiny model at ``size`` ranks, the same number of KV blocks at every size (each rank's block holds
-    ``2 / size`` KV heads), so both engines schedule, preempt and copy blocks alike."""
+    ``2 / size`` KV heads), so both engines schedule, preempt and copy blocks alike; 16 tokens per step, so
+    longer prompts are prefilled in chunks (some steps want no logits at all)."""
     return load("llm").LLM(
         model=str(folder), device=device, tensor_parallel_size=size, skip_tokenizer_init=True,
-        dtype="float32", max_num_seqs=8, max_model_len=80,
+        dtype="float32", max_num_seqs=8, max_model_len=80, max_num_batched_tokens=16,
         kv_cache_memory=TINY_BLOCKS * TINY_BLOCK_BYTES // size,
     )  # fmt: skip
 
@@ -452,14 +453,15 @@ def run_recording(llm, batches) -> tuple[list, list[torch.Tensor], int]:
 
 
 def tiny_workload(load) -> list[tuple[list[list[int]], object]]:
-    """Six greedy prompts that need more blocks than there are (so some are preempted and recomputed), then
-    one prompt sampled n=3 times (the completions share its blocks and copy the last one on write)."""
+    """Six greedy prompts that need more blocks than there are (so some are preempted and recomputed), then a
+    new 21-token prompt alone, sampled n=3 times: its first chunk of 16 wants no logits, and the completions
+    share its blocks and copy the last one on write."""
     sampling = load("engine.sampling_params").SamplingParams
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 101, (n,), generator=gen).tolist() for n in (5, 17, 33, 2, 40, 9)]
+    prompts = [torch.randint(0, 101, (n,), generator=gen).tolist() for n in (5, 17, 33, 2, 40, 9, 21)]
     greedy = sampling(temperature=0, max_tokens=24, ignore_eos=True)
     forked = sampling(temperature=0.8, top_p=0.9, seed=7, n=3, max_tokens=20, ignore_eos=True)
-    return [(prompts, greedy), ([prompts[1]], forked)]
+    return [(prompts[:6], greedy), (prompts[6:], forked)]
 
 
 def check_tiny_engine_matches_one_process(load, folder: Path, device: str) -> None:
@@ -474,12 +476,19 @@ def check_tiny_engine_matches_one_process(load, folder: Path, device: str) -> No
         llm.shutdown()
     assert_all_gone(pids)
     assert len(got_logits) == len(want_logits), "the two engines scheduled different steps"
-    worst = max(float((g - w).abs().max()) for g, w in zip(got_logits, want_logits))
+    shapes = [tuple(g.shape) == tuple(w.shape) for g, w in zip(got_logits, want_logits)]
+    assert all(shapes), "the two engines' steps wanted different logits rows"
+    worst = max(
+        (float((g - w).abs().max()) for g, w in zip(got_logits, want_logits) if g.numel()), default=0.0
+    )
     assert worst < 1e-5, f"logits at 2 ranks differ from 1 rank by up to {worst:.3g} (float32; allowed 1e-5)"
     tokens = lambda outs: [[c.token_ids for c in out.outputs] for out in outs]  # noqa: E731
     assert tokens(got) == tokens(want), "greedy and seeded tokens at 2 ranks differ from 1 rank"
     assert sum(out.metrics.num_preemptions for out in got) > 0, "the workload was meant to preempt"
     assert got_copies == want_copies and got_copies > 0, "n=3 completions were meant to copy a block on write"
+    assert any(len(step) == 0 for step in got_logits), (
+        "a step of prefill chunks alone was meant to want no logits"
+    )
 
 
 @pytest.mark.lab9
@@ -509,6 +518,27 @@ def test_a_worker_that_dies_makes_generate_raise_and_leaves_no_process(load, tin
     assert time.monotonic() - start < 30, "generate took too long to notice the dead worker"
     with pytest.raises(error, match="cannot run"):
         llm.generate([[1, 2]], params)
+    llm.shutdown()
+    assert_all_gone(pids)
+
+
+def test_an_error_in_rank_0s_forward_stops_the_workers_instead_of_desynchronising_them(load, tiny_folder):
+    """Rank 0 raises half-way through a step (the workers wait in that step's collectives): the error reaches
+    the caller, and the next call raises too rather than send a step the workers are not ready for."""
+    llm = tiny_llm(load, tiny_folder, 2)
+    pids = llm.engine.workers.worker_pids
+    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    mlp = llm.engine.model.layers[1].mlp
+
+    def fail_once(module, args):
+        module._forward_pre_hooks.clear()
+        raise RuntimeError("injected failure in rank 0's MLP")
+
+    mlp.register_forward_pre_hook(fail_once)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        llm.generate([[1, 2, 3]], params)
+    with pytest.raises(load("parallel.group").TensorParallelError, match="previous step stopped"):
+        llm.generate([[1, 2, 3]], params)
     llm.shutdown()
     assert_all_gone(pids)
 

@@ -126,6 +126,7 @@ class TensorParallelExecutor:
                 conn.send(header)
         except OSError:  # a worker's end of the pipe closed: it is gone
             self._check_workers(dying=True)
+        self.group.step_open = True
         self.group.broadcast(buffer[: header.layout.total])
 
     def shutdown(self) -> None:
@@ -136,10 +137,13 @@ class TensorParallelExecutor:
     # -- watching the workers --------------------------------------------------------------------------------
 
     def _check_workers(self, dying: bool = False) -> None:
-        """Raise (and stop the rest) if a worker has exited or an earlier collective failed: the ranks would
-        be out of step. ``dying``: a pipe just closed, so give its process a moment to be reaped."""
+        """Raise (and stop the rest) if a worker has exited, an earlier collective failed or rank 0's previous
+        step stopped half-way: the ranks would be out of step. ``dying``: a pipe just closed, so give its
+        process a moment to be reaped."""
         if self.failure is None and self.group.failure is not None:
             self.failure = self.group.failure
+        if self.failure is None and self.group.step_open:  # the workers still wait in its collectives
+            self.failure = "rank 0's previous step stopped before its end (an error in its forward pass)"
         if self.failure is None and dying:
             deadline = time.monotonic() + 1.0
             while all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:

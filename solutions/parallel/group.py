@@ -50,7 +50,8 @@ class TensorParallelGroup:
     tensor as it is, so rank 0 can run a forward by itself at start-up (the engine's memory profile on CUDA:
     shapes right, values not). ``describe_peers`` (rank 0) says what became of the other ranks when a
     collective fails; ``failure`` keeps the first failure's message: the ranks are out of step after it, for
-    good.
+    good. ``step_open`` (rank 0): a step was sent to the workers and its last collective, the logits gather,
+    has not completed yet.
     """
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
@@ -58,6 +59,7 @@ class TensorParallelGroup:
         self.alone = True
         self.describe_peers: Callable[[], str] | None = None
         self.failure: str | None = None
+        self.step_open = False
 
     @classmethod
     def join(cls, rank: int, world_size: int, store_port: int, device: torch.device) -> TensorParallelGroup:
@@ -112,6 +114,7 @@ class TensorParallelGroup:
             return None
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         self._run(dist.gather, tensor.contiguous(), parts, 0)
+        self.step_open = False  # the forward's last collective: every rank has finished this step
         return torch.cat(parts, dim=-1)
 
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
