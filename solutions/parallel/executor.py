@@ -66,7 +66,8 @@ class TensorParallelExecutor:
         self.store = dist.TCPStore(
             "127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT
         )
-        self._stop = weakref.finalize(self, stop_workers, self.processes, self.conns)
+        self._grace = {"seconds": STOP_TIMEOUT_S}  # 0 once the workers are known to be stuck or gone
+        self._stop = weakref.finalize(self, stop_workers, self.processes, self.conns, self._grace)
         context = torch.multiprocessing.get_context("spawn")
         try:
             for rank in range(1, world):
@@ -151,6 +152,7 @@ class TensorParallelExecutor:
         if self.failure is None and not all(p.is_alive() for p in self.processes):
             self.failure = f"a tensor-parallel worker exited ({describe_workers(self.processes)})"
         if self.failure is not None:
+            self._grace["seconds"] = 0.0  # the workers wait in a collective or are gone: nobody reads "stop"
             self.shutdown()
             raise TensorParallelError(f"{self.failure}: this LLM cannot run; create a new one")
 
@@ -198,8 +200,8 @@ def describe_workers(processes: list[BaseProcess]) -> str:
     return ", ".join(states)
 
 
-def stop_workers(processes: list[BaseProcess], conns: list[Connection]) -> None:
-    """Tell each worker to stop, wait ``STOP_TIMEOUT_S``, terminate (then kill) what is left, and leave the
+def stop_workers(processes: list[BaseProcess], conns: list[Connection], grace: dict[str, float]) -> None:
+    """Tell each worker to stop, wait ``grace["seconds"]``, terminate (then kill) what is left, and leave the
     group. Runs once per executor (``weakref.finalize``): at shutdown, garbage collection or interpreter
     exit."""
     for conn in conns:
@@ -207,7 +209,7 @@ def stop_workers(processes: list[BaseProcess], conns: list[Connection]) -> None:
             conn.send(None)
         except OSError:
             pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + grace["seconds"]
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
     for end in ("terminate", "kill"):
