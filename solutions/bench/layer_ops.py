@@ -1,4 +1,4 @@
-"""The CPU ``LayerOps`` candidates side by side: ``bench decode --fused-ops``.
+"""The CPU ``LayerOps`` candidates side by side: ``bench decode --fused-ops ENGINE``.
 
 Three tables, each measured with rounds alternating between the candidates (this machine is noisy):
 

@@ -5,7 +5,7 @@ Between a decode step's matrix products sit chains of small elementwise operator
 SiLU-mul). Run eagerly each operator is one dispatch and one pass over memory; inductor's C++ code generator
 fuses a chain into one loop. ``torch.compile`` does that too, but every call of a compiled function first
 evaluates dynamo's guards, which for a one-row decode costs more than the eager chain it replaces
-(``python -m solutions bench decode --fused-ops`` measures both). So each chain is exported once
+(``python -m solutions bench decode --fused-ops float32`` measures both). So each chain is exported once
 (``torch.export``, its sizes dynamic), compiled by AOTInductor into a shared library, and called through the
 library's runner (``loader.run``): no guards, no Python between the call and the loop.
 
