@@ -243,3 +243,17 @@ def test_select_layer_ops_on_a_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_layer_ops, "compiled_chains", no_compiling)
     monkeypatch.setenv("FASTMODE_FUSED", "0")
     assert select_layer_ops(torch.device("cpu"), model) is PLAIN_OPS
+
+
+def test_the_labs_package_runs_the_learners_functions(monkeypatch):
+    """Under labs/ the chains are a learner's functions: graded as written, never compiled."""
+    import importlib
+
+    labs_ops = importlib.import_module("labs.model.cpu_layer_ops")
+    labs_llama = importlib.import_module("labs.model.llama")
+
+    def no_compiling(dtype):
+        raise AssertionError("labs/ must not compile the learner's functions")
+
+    monkeypatch.setattr(labs_ops, "compiled_chains", no_compiling)
+    assert labs_ops.cpu_layer_ops(tiny_llama(torch.float32)) is labs_llama.PLAIN_OPS
