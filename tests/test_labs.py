@@ -173,3 +173,125 @@ def test_make_lab_serves_the_course(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
         log.close()
+
+
+# ---------------------------------------------------------------- one lab alone, and the notebooks' IMPL switch
+
+
+def test_holes_are_named_by_class_and_method_and_keep_their_reference_code():
+    tool = make_labs()
+    source = (
+        "class Pool:\n"
+        "    def take(\n"
+        "        self, n\n"
+        "    ):\n"
+        "        # BEGIN SOLUTION Lab 9: take n\n"
+        "        # HINT: the idea\n"
+        "        return n\n"
+        "        # END SOLUTION\n"
+        "\n"
+        "\n"
+        "def free():\n"
+        "    # BEGIN SOLUTION Lab 9: free\n"
+        "    pass\n"
+        "    # END SOLUTION\n"
+    )
+    parts = tool.split_solutions(source, "pool.py")
+    holes = [p for p in parts if isinstance(p, tool.Hole)]
+    assert [h.function for h in holes] == ["Pool.take", "free"]
+    assert holes[0].body == "        return n\n", "the reference code without its hint lines"
+    solved = tool.render(parts, frozenset({"9"}))
+    assert "return n" in solved and "pass" in solved and "NotImplementedError" not in solved and "HINT" not in solved
+    with pytest.raises(ValueError, match="one lab's holes"):
+        tool.split_solutions(source.replace("Lab 9: free", "Lab 8: free"), "mixed.py")
+
+
+def test_the_generated_labs_package_knows_each_modules_lab():
+    tool = make_labs()
+    init = tool.lab_files()[tool.TARGET / "__init__.py"]
+    for hole in tool.all_holes():
+        module = ".".join(Path(hole.path).relative_to("solutions").with_suffix("").parts)
+        assert f'"{module}": "{hole.lab}"' in init, f"labs/__init__.py's LAB_OF_MODULE lacks {module}"
+    from solutions import course
+
+    assert tool.LAB_ALONE_ENV == course.LAB_ALONE_ENV == "FASTMODE_LAB_ALONE"
+
+
+LAB_ALONE_PROBE = """
+import sys
+from pathlib import Path
+
+from solutions.course import implementation
+
+labs = implementation("labs", lab=2)
+origin = lambda name: Path(labs.module(name).__file__).parts[-3]
+print(origin("cache.kv_cache_manager"), origin("kernels.paged_attention"), origin("kernels.flash_attention"),
+      origin("model.llama"), labs.module("engine.engine").KVCacheManager is labs.module("cache.kv_cache_manager").KVCacheManager)
+for request in ({"impl": "labs", "lab": 3}, {"impl": "labs"}, {"impl": "lab"}):
+    try:
+        implementation(**request)
+    except (RuntimeError, ValueError) as error:
+        print(type(error).__name__, error)
+"""
+
+
+def test_a_lab_alone_takes_every_other_labs_module_from_solutions():
+    """With Lab 2 alone, Lab 2's files are the learner's and Lab 1's and Lab 0's load their solutions twins, still as
+    part of the labs package (one set of classes); asking for another choice in the same process is refused."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTMODE_LAB_ALONE"}
+    result = subprocess.run([sys.executable, "-c", LAB_ALONE_PROBE], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["labs", "labs", "solutions", "solutions", "True"], lines[0]
+    assert lines[1].startswith("RuntimeError") and "Lab 2 alone" in lines[1] and "restart the kernel" in lines[1]
+    assert lines[2].startswith("RuntimeError") and "every lab" in lines[2]
+    assert lines[3].startswith("ValueError") and "IMPL must be one of" in lines[3]
+
+
+FIRST_CELLS_RUNNER = """
+import json
+import os
+import sys
+import types
+
+impl_name, paths = sys.argv[1], sys.argv[2:]
+ORACLES = ("solutions.course", "solutions.kernels.reference")  # what a notebook may take from solutions directly
+for path in paths:
+    for name in [n for n in sys.modules if n == "labs" or n.startswith("labs.")]:
+        del sys.modules[name]  # each notebook chooses its own lab
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SolutionsTwins"]
+    cell = next(c for c in json.load(open(path))["cells"] if c["cell_type"] == "code")
+    source = "".join(cell["source"])
+    assert source.startswith('IMPL = "solutions"'), f"{path}: the first code cell must start with IMPL = \\"solutions\\""
+    namespace = {}
+    exec(compile(source.replace('IMPL = "solutions"', f'IMPL = "{impl_name}"', 1), path, "exec"), namespace)
+    assert "implementation(IMPL" in source, f"{path}: the first cell must take its modules from implementation(IMPL, ...)"
+    module_of = lambda value: value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+    from_solutions = sorted(
+        name for name, value in namespace.items()
+        if module_of(value) and module_of(value).startswith("solutions.") and not module_of(value).startswith(ORACLES)
+    )
+    if impl_name == "labs":
+        assert not from_solutions, f"{path}: {from_solutions} come from solutions, not from IMPL"
+    print("ok", os.path.basename(path))
+"""
+
+
+@pytest.mark.parametrize("impl", ["solutions", "labs"])
+def test_every_notebooks_first_cell_runs_under_both_impls(impl):
+    """Each notebook's first code cell, with IMPL set to ``impl``, in one process (labs is imported afresh for each
+    notebook, as its own kernel would): it runs, and under "labs" binds nothing of solutions but the oracles."""
+    notebooks = sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    env = {k: v for k, v in os.environ.items() if k != "FASTMODE_LAB_ALONE"}
+    env.update(MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_CELLS_RUNNER, impl, *notebooks],
+        cwd=ROOT / "notebooks",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    finished = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert len(finished) == len(notebooks), result.stdout

@@ -242,9 +242,9 @@ def passed_lines(lab: str) -> list[str]:
     always, optional = engine_labs()
     todo = {h.lab for h in unwritten_holes()[0]}
     missing = [n for n in always if n in todo]
-    uses = f"`from labs import LLM` runs the engine on your code of {labs_line(always)}"
+    uses = f"`from labs import LLM` loads your code of {labs_line(always)}"
     if optional:
-        uses += f" ({labs_line(optional)} with the options that load them)"
+        uses += f", and of {labs_line(optional)} when an option asks for them"
     lines.append(uses + (f"; still to write: {labs_line(missing)}." if missing else "; all written."))
     return lines
 
