@@ -14,8 +14,7 @@ import torch
 from solutions.engine.cuda_graphs import RecordedCall, batch_buckets
 from solutions.engine.sampling_params import SamplingParams
 
-ON_CUDA = torch.cuda.is_available()
-requires_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU (real CUDA graphs, device syncs)")
+requires_cuda = pytest.mark.requires_cuda  # conftest.py skips these without a GPU
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x KV heads x head_dim x float32
 
 
@@ -150,6 +149,18 @@ def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, gr
         assert len(calls) - before == 1, f"host reads in one decode step: {calls[before:]}"
     monkeypatch.undo()
     engine.abort([g for g in list(engine.groups)])
+
+
+def test_forked_completions_beyond_max_num_seqs_get_rows(tiny_folder):
+    """n > 1 completions fork after the prompt's prefill, so the running requests may outnumber max_num_seqs: the
+    persistent batch grows its rows instead of failing."""
+    llm = make_llm(tiny_folder, max_num_seqs=2)
+    params = SamplingParams(temperature=0.8, n=3, max_tokens=6, ignore_eos=True, seed=1)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate([[3, 4, 5], [6, 7]], [params, greedy])
+    assert [len(o.outputs) for o in outs] == [3, 1]
+    assert all(len(c.token_ids) == 6 for o in outs for c in o.outputs)
+    assert len(llm.engine.runner.batch.num_blocks) > 2, "four requests ran at once on two rows"
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched(tiny_folder):

@@ -3,8 +3,8 @@ pinned buffers a step's inputs travel to the device in (vLLM's ``InputBatch`` an
 
 Each running request owns one row of host arrays that live as long as it runs::
 
-    token_ids    [max_num_seqs, max_model_len]   its prompt and output tokens (written once each)
-    block_table  [max_num_seqs, max_blocks]      its KV blocks, rewritten only when the cache manager changed them
+    token_ids    [rows, max_model_len]     its prompt and output tokens (written once each)
+    block_table  [rows, max_blocks]        its KV blocks, rewritten only when the cache manager changed them
 
 A step writes only what changed (the tokens sampled since the last step, a table the cache manager touched),
 then derives the step's flat arrays with a few numpy operations, never a Python loop over tokens::
@@ -129,9 +129,11 @@ class InputBatch:
         self.row_of: dict[str, int] = {}
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_tokens = max_num_tokens
-        largest = StepLayout(max_num_tokens, max_num_tokens, max_num_seqs, self.max_blocks)
+        # A step holds at most one sequence per token; the running requests (forks of n > 1 completions may
+        # outnumber max_num_seqs) grow the rows as needed, one doubling at a time.
+        largest = StepLayout(max_num_tokens, max_num_tokens, max(max_num_seqs, max_num_tokens), self.max_blocks)
         self.staging = StagingBuffer(largest.total, torch.int32, device)
-        self._arange = np.arange(max(max_num_tokens, max_num_seqs) + 1, dtype=np.int32)
+        self._arange = np.arange(largest.num_seqs + 1, dtype=np.int32)
         self._layout_views: dict[StepLayout, tuple[list, list]] = {}
 
     # -- the persistent rows -----------------------------------------------------------------------------
@@ -162,10 +164,19 @@ class InputBatch:
     def _new_row(self, request: Request, kv: KVCacheManager) -> int:
         """Give a request its row (with its whole table) the first time it is scheduled."""
         if not self.free_rows:
-            raise RuntimeError("the input batch has no free row: more running requests than max_num_seqs")
+            self._grow()
         row = self.row_of[request.request_id] = self.free_rows.pop()
         self._write_table(row, kv.block_table_view(request.request_id))
         return row
+
+    def _grow(self) -> None:
+        """Twice the rows (more requests running than rows: the forks of n > 1 completions)."""
+        rows = len(self.num_blocks)
+        self.token_ids = np.concatenate([self.token_ids, np.zeros_like(self.token_ids)])
+        self.block_table = np.concatenate([self.block_table, np.zeros_like(self.block_table)])
+        self.num_blocks += [0] * rows
+        self.num_tokens_written += [0] * rows
+        self.free_rows += range(2 * rows - 1, rows - 1, -1)
 
     def _write_tokens(self, row: int, request: Request, end: int, num_tokens: int) -> None:
         """Make ``token_ids[row, :end]`` hold the request's tokens (drafts past ``num_tokens`` included: they are
