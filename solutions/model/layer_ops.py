@@ -46,10 +46,11 @@ def fused_ops_enabled() -> bool:
 def select_layer_ops(device: str | torch.device, model: torch.nn.Module | None = None) -> LayerOps:
     """The fastest ``LayerOps`` available on ``device`` that agrees with ``PLAIN_OPS`` up to rounding: the
     Triton set on CUDA; on a CPU, given the ``model``, the chains measured faster fused at its shapes
-    (``model/cpu_layer_ops.py``); ``PLAIN_OPS`` elsewhere or when ``FASTMODE_FUSED=0``."""
+    (``model/cpu_layer_ops.py``); ``PLAIN_OPS`` elsewhere, when ``FASTMODE_FUSED=0``, and in the ``labs``
+    package (whose engine must run the learner's functions)."""
     device = torch.device(device)
-    if not fused_ops_enabled():
-        return PLAIN_OPS
+    if not fused_ops_enabled() or not __name__.startswith("solutions."):
+        return PLAIN_OPS  # under labs/ the chains are a learner's own functions, graded as written
     if device.type == "cuda":
         return triton_layer_ops()
     if device.type == "cpu" and model is not None:
