@@ -154,12 +154,11 @@ class Engine:
     def _activation_bytes(self, num_tokens: int) -> int:
         """Peak CUDA memory one eager forward of ``num_tokens`` tokens takes beyond what is allocated now (its
         attention stands in for the kernels, which write into the cache and allocate only their output)."""
-        num_tokens = min(num_tokens, self.max_model_len)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
-        positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
+        positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device) % self.max_model_len
         hidden = self.model(ids, positions, lambda layer, q, k, v: q.clone())
         self.model.logits(hidden[-self.config.max_num_seqs :])
         del hidden
