@@ -33,10 +33,11 @@ def measure_batch_speed(
     linear makes its weight layout for that many rows on first use), which are not the engine's speed."""
     if batch_size < 1 or batch_size > llm.engine.config.max_num_seqs:
         raise ValueError(f"batch_size must be in [1, max_num_seqs={llm.engine.config.max_num_seqs}], got {batch_size}")
-    llm.generate([prompt] * batch_size, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    warm_up = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    llm.generate([prompt] * batch_size, warm_up, use_tqdm=False)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
-    outputs = llm.generate([prompt] * batch_size, params)
+    outputs = llm.generate([prompt] * batch_size, params, use_tqdm=False)  # no progress bar in a timed run
     wall = time.perf_counter() - start
     metrics = [o.metrics for o in outputs]
     return BatchSpeed(

@@ -57,14 +57,22 @@ def run_with_arrivals(llm, workload: Workload, rate: float, seed: int = 0) -> tu
 
 
 def run_static(llm, workload: Workload, batch_size: int) -> tuple[list[RequestOutput], float]:
-    """Static batching on the same engine: the next ``batch_size`` requests start only when the whole
-    previous batch has finished (its finished slots sit idle meanwhile)."""
+    """Static batching on the same engine: every request arrives at the start, but the next ``batch_size``
+    start only when the whole previous batch has finished (its finished slots sit idle meanwhile). The
+    metrics count each request's wait from the start. Returns the outputs in workload order and the wall time."""
+    engine = llm.engine
+    if engine.has_unfinished_requests():
+        raise RuntimeError("the engine still has unfinished requests")
     params = _params(workload)
     outputs: list[RequestOutput] = []
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), batch_size):
         batch = slice(first, first + batch_size)
-        outputs += llm.generate(workload.prompts[batch], params[batch], use_tqdm=False)
+        ids = [engine.add_request(p, s, arrival_time=start) for p, s in zip(workload.prompts[batch], params[batch])]
+        final: dict[str, RequestOutput] = {}
+        while engine.has_unfinished_requests():
+            final.update((o.request_id, o) for o in engine.step() if o.finished)
+        outputs += [final[i] for i in ids]
     return outputs, time.perf_counter() - start
 
 
