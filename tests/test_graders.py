@@ -136,8 +136,8 @@ MISTAKES = [
     pytest.param(
         "2",
         "kernels/paged_attention.py",
-        "table_row + pos // BLOCK_SIZE,",
-        "table_row + pos // BLOCK_SIZE + 1,",
+        "offset = pos % BLOCK_SIZE",
+        "offset = (pos + 1) % BLOCK_SIZE",  # off by one, yet inside the cache: safe on a GPU too
         ["tests/test_paged_attention.py", "-k", "head_dim_128_and_scale or poisoned"],
         "block_table[b, p // block_size], offset p % block_size",
         id="lab2-block-table-walk-off-by-one",
