@@ -27,12 +27,20 @@ BENCHES = {
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling options")
-    group.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate per reply (default: 64)")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default); 0.7 is lively")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass")
+    group.add_argument(
+        "--max-tokens", type=int, default=64, help="most tokens to generate per reply (default: 64)"
+    )
+    group.add_argument(
+        "--temperature", type=float, default=0.0, help="0 is greedy (the default); 0.7 is lively"
+    )
+    group.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass"
+    )
     group.add_argument("--top-k", type=int, default=0, help="keep only the k likeliest tokens (0: all)")
     group.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    group.add_argument("--stop", action="append", default=[], help="a string that ends the reply (repeatable)")
+    group.add_argument(
+        "--stop", action="append", default=[], help="a string that ends the reply (repeatable)"
+    )
     group.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
 
 
@@ -69,7 +77,9 @@ def chat(args) -> int:
     params = _sampling(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
-    print("Chat with the model: type a message and press Enter. /reset starts over; an empty line or Ctrl-D quits.")
+    print(
+        "Chat with the model: type a message and press Enter. /reset starts over; an empty line or Ctrl-D quits."
+    )
     while True:
         try:
             line = input("you> ").strip()
@@ -140,18 +150,28 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("prompt", help="the text to continue (plain text, no chat template)")
     _sampling_args(gen)
     add_engine_args(gen)
-    talk = commands.add_parser("chat", help="an interactive chat that keeps the conversation (the chat template)")
+    talk = commands.add_parser(
+        "chat", help="an interactive chat that keeps the conversation (the chat template)"
+    )
     talk.add_argument("--system", default=None, help="a system message that opens the conversation")
     _sampling_args(talk)
     add_engine_args(talk)
-    srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
-    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    srv = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)"
+    )
+    srv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
+    )
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    srv.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file stem)")
+    srv.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: the file stem)"
+    )
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(srv)
-    ppl = commands.add_parser("perplexity", help="perplexity of the bundled model on a text file, optionally quantized")
+    ppl = commands.add_parser(
+        "perplexity", help="perplexity of the bundled model on a text file, optionally quantized"
+    )
     ppl.add_argument("--file", required=True, help="a UTF-8 text file, e.g. data/text/kjv_luke_1-12.txt")
     ppl.add_argument("--quantization", choices=["rtn", "awq"], default=None)
     ppl.add_argument("--w-bit", type=int, default=4)

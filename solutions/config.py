@@ -69,7 +69,9 @@ class EngineConfig:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype == "auto":
-            self.dtype = "bfloat16" if self.device.startswith("cuda") or self._int4_on_native_bf16_cpu() else "float32"
+            self.dtype = (
+                "bfloat16" if self.device.startswith("cuda") or self._int4_on_native_bf16_cpu() else "float32"
+            )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
         if self.max_num_seqs < 1:
@@ -83,24 +85,34 @@ class EngineConfig:
         if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
             raise ValueError(f"kv_block_size must be a power of two, got {self.kv_block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+            raise ValueError(
+                f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend == "auto":
             self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
         if self.attention_backend == "triton" and self.device == "cpu":
             # No GPU: the Triton kernel runs through its interpreter, which is read when triton loads a kernel module.
             os.environ.setdefault("TRITON_INTERPRET", "1")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
-            raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+            raise ValueError(
+                f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}"
+            )
         if self.w_bit not in (2, 3, 4):
             raise ValueError(f"w_bit must be 2, 3 or 4 (codes are stored in 4-bit fields), got {self.w_bit}")
         if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative must be None or one of {SPECULATIVE_METHODS}, got {self.speculative!r}")
+            raise ValueError(
+                f"speculative must be None or one of {SPECULATIVE_METHODS}, got {self.speculative!r}"
+            )
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens!r}")
+            raise ValueError(
+                f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens!r}"
+            )
         if self.speculative_tree_nodes < 0 or self.speculative_tree_top_k < 1:
             raise ValueError(
                 f"speculative_tree_nodes must be >= 0 and speculative_tree_top_k >= 1, got "
@@ -111,7 +123,9 @@ class EngineConfig:
         if self.group_size < 8 or self.group_size % 8:
             raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+            raise ValueError(
+                f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"
+            )
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel()
 
@@ -124,7 +138,9 @@ class EngineConfig:
             )
         if self.device.startswith("cuda"):
             if self.device not in ("cuda", "cuda:0"):
-                raise ValueError(f"tensor parallelism runs rank r on cuda:r: give device 'cuda', not {self.device!r}")
+                raise ValueError(
+                    f"tensor parallelism runs rank r on cuda:r: give device 'cuda', not {self.device!r}"
+                )
             if torch.cuda.device_count() < size:
                 raise ValueError(
                     f"tensor_parallel_size={size} needs {size} GPUs (one per rank), torch sees "

@@ -57,7 +57,9 @@ class SolutionsTwins(importlib.abc.MetaPathFinder):
         )
 
 
-def take_other_labs_from_solutions(package: str, solutions_dir: Path, lab_of_module: dict[str, str], lab: str) -> None:
+def take_other_labs_from_solutions(
+    package: str, solutions_dir: Path, lab_of_module: dict[str, str], lab: str
+) -> None:
     """Make every module of ``package`` that holds a lab other than ``lab`` load from ``solutions_dir``.
 
     Called by the generated ``labs/__init__.py`` when ``FASTMODE_LAB_ALONE`` names a lab; ``lab_of_module`` is
@@ -68,7 +70,9 @@ def take_other_labs_from_solutions(package: str, solutions_dir: Path, lab_of_mod
         raise ValueError(f"{LAB_ALONE_ENV}={lab!r} names no lab: the labs are {', '.join(labs)}")
     others = {module for module, its_lab in lab_of_module.items() if its_lab != lab}
     # One finder per package: importing the package again (after a test dropped it from sys.modules) replaces it.
-    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, SolutionsTwins) and f.package == package)]
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if not (isinstance(f, SolutionsTwins) and f.package == package)
+    ]
     sys.meta_path.insert(0, SolutionsTwins(package, solutions_dir, others))
 
 
@@ -116,5 +120,7 @@ def implementation(impl: str, lab: int | str | None = None) -> Implementation:
         elif loaded.LAB_ALONE != lab:
             held = "every lab" if loaded.LAB_ALONE is None else f"Lab {loaded.LAB_ALONE} alone"
             wanted = "every lab" if lab is None else f"Lab {lab} alone"
-            raise RuntimeError(f"labs is already imported with {held} from labs/, not {wanted}: restart the kernel")
+            raise RuntimeError(
+                f"labs is already imported with {held} from labs/, not {wanted}: restart the kernel"
+            )
     return Implementation(impl, lab)

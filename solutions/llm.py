@@ -77,16 +77,24 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, sampling_params)
 
-    def _stream(self, prompts, sampling_params, order: list[str], stream: bool = True) -> Iterator[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    def _stream(
+        self, prompts, sampling_params, order: list[str], stream: bool = True
+    ) -> Iterator[RequestOutput]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]
         prompts = list(prompts)
         if not prompts:
-            raise ValueError("no prompts given: pass a string, a list of token ids, or a non-empty list of them")
+            raise ValueError(
+                "no prompts given: pass a string, a list of token ids, or a non-empty list of them"
+            )
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = (
-            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")

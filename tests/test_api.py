@@ -73,7 +73,9 @@ def test_token_id_prompts_equal_text_prompts(llm, sp):
 
 
 def test_eos_and_stop_strings_end_generation(llm, sp):
-    chat = llm.chat([{"role": "user", "content": "Say hello."}], sp(temperature=0, max_tokens=200))[0].outputs[0]
+    chat = llm.chat([{"role": "user", "content": "Say hello."}], sp(temperature=0, max_tokens=200))[
+        0
+    ].outputs[0]
     assert chat.finish_reason == "stop" and chat.token_ids[-1] == llm.tokenizer.eos_token_id
     assert "<|im_end|>" not in chat.text
     free = llm.generate("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0]
@@ -158,7 +160,9 @@ def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
             covered += prob
         assert sorted(torch.isfinite(out).nonzero().flatten().tolist()) == sorted(kept), (k, p)
         assert torch.equal(out[kept], row[kept]), "kept logits pass through unchanged"
-    assert torch.isfinite(filtered[0]).sum() > sampler.CANDIDATES, "the flat row's set reaches past the candidates"
+    assert torch.isfinite(filtered[0]).sum() > sampler.CANDIDATES, (
+        "the flat row's set reaches past the candidates"
+    )
 
 
 def test_sample_draws_from_each_row_and_seeds_reproduce(load):
@@ -174,7 +178,9 @@ def test_sample_draws_from_each_row_and_seeds_reproduce(load):
     expected = probs[0].double() * draws
     nonzero = expected > 0
     chi2 = float(((counts[nonzero] - expected[nonzero]) ** 2 / expected[nonzero]).sum())
-    assert chi2 < 13.8, f"row 0's draws do not follow its probabilities (chi-square {chi2:.1f}, 2 dof, p < 0.001)"
+    assert chi2 < 13.8, (
+        f"row 0's draws do not follow its probabilities (chi-square {chi2:.1f}, 2 dof, p < 0.001)"
+    )
 
 
 def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):

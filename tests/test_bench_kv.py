@@ -19,7 +19,9 @@ def test_paged_waste_is_under_one_block_per_sequence():
     mix = kv.sample_request_mix(200, max_model_len=512, seed=3)
     use = kv.memory_use(mix, kv.paged(16))
     steps = sum(s.output_len for s in mix)
-    assert 0 <= use.reserved - use.used <= 15 * steps, "a paged sequence leaves at most block_size - 1 rows unused"
+    assert 0 <= use.reserved - use.used <= 15 * steps, (
+        "a paged sequence leaves at most block_size - 1 rows unused"
+    )
 
 
 def test_max_concurrent_packs_final_lengths_in_order():
@@ -46,4 +48,6 @@ def test_prefix_ttft_reuses_the_shared_prefix_only(llm):
     result = kv.measure_prefix_ttft(llm, prefix_len=64, rounds=2)
     assert len(result.cached) == len(result.uncached) == 2
     assert all(t > 0 for t in result.cached + result.uncached)
-    assert result.hit_tokens == [64, 64], "each cached request reuses the whole 64-token prefix (4 blocks of 16)"
+    assert result.hit_tokens == [64, 64], (
+        "each cached request reuses the whole 64-token prefix (4 blocks of 16)"
+    )

@@ -54,7 +54,9 @@ def expect_value_error(call, match: str, why: str) -> None:
 def test_allocator_never_hands_out_the_null_block(allocator_module):
     allocator = allocator_module.BlockAllocator(5)
     blocks = [allocator.allocate() for _ in range(4)]
-    assert sorted(blocks) == [1, 2, 3, 4], "blocks 1..num_blocks-1 are handed out; block 0 is the reserved null block"
+    assert sorted(blocks) == [1, 2, 3, 4], (
+        "blocks 1..num_blocks-1 are handed out; block 0 is the reserved null block"
+    )
     assert allocator.num_free == 0, f"4 of 4 blocks handed out, yet num_free is {allocator.num_free}"
     with pytest.raises(RuntimeError):
         allocator.allocate()
@@ -65,7 +67,9 @@ def test_decref_rejects_double_free_and_foreign_blocks(allocator_module):
     block = allocator.allocate()
     assert allocator.decref(block) == 0, "decref returns the new reference count"
     expect_value_error(
-        lambda: allocator.decref(block), rf"\b{block}\b", f"decref of block {block} at count 0 is a double free"
+        lambda: allocator.decref(block),
+        rf"\b{block}\b",
+        f"decref of block {block} at count 0 is a double free",
     )
     for foreign in (0, 4, -1, 99):
         why = f"decref({foreign}) names no block of this allocator (1..3): reject it (self._check)"
@@ -77,7 +81,9 @@ def test_decref_holds_a_block_until_it_is_released(allocator_module):
     block = allocator.allocate()
     allocator.incref(block)
     counts = [allocator.decref(block), allocator.decref(block)]
-    assert counts == [1, 0], f"two decrefs of a block with count 2 returned {counts}, expected the new counts [1, 0]"
+    assert counts == [1, 0], (
+        f"two decrefs of a block with count 2 returned {counts}, expected the new counts [1, 0]"
+    )
     assert block not in allocator.free_blocks(), "decref to 0 holds the block; only release() puts it back"
     allocator.release(block)
     assert block in allocator.free_blocks(), "release puts a held block back on the free list"
@@ -88,7 +94,9 @@ def test_decref_holds_a_block_until_it_is_released(allocator_module):
 @pytest.mark.parametrize("num_blocks", [2, 7])
 def test_allocator_random_operations_keep_every_block_once(allocator_module, num_blocks):
     @settings(max_examples=150, deadline=None)
-    @given(st.lists(st.tuples(st.sampled_from(["allocate", "incref", "decref", "release"]), st.integers(0, 7))))
+    @given(
+        st.lists(st.tuples(st.sampled_from(["allocate", "incref", "decref", "release"]), st.integers(0, 7)))
+    )
     def run(operations):
         allocator = allocator_module.BlockAllocator(num_blocks)
         refs = [0] * num_blocks
@@ -97,7 +105,9 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
             used = [b for b in range(1, num_blocks) if refs[b] > 0]
             if op == "allocate" and allocator.num_free:
                 block = allocator.allocate()
-                assert block != 0 and refs[block] == 0 and block not in held, f"allocate handed out block {block} twice"
+                assert block != 0 and refs[block] == 0 and block not in held, (
+                    f"allocate handed out block {block} twice"
+                )
                 refs[block] = 1
             elif op == "incref" and used:
                 block = used[pick % len(used)]
@@ -107,7 +117,9 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
                 block = used[pick % len(used)]
                 refs[block] -= 1
                 count = allocator.decref(block)
-                assert count == refs[block], f"decref({block}) returned {count}, expected its new count {refs[block]}"
+                assert count == refs[block], (
+                    f"decref({block}) returned {count}, expected its new count {refs[block]}"
+                )
                 if refs[block] == 0:
                     held.add(block)
             elif op == "release" and held:
@@ -137,14 +149,22 @@ def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager
     parent.num_computed = 10
     child = FakeRequest("c", parent.token_ids, num_computed=10)
     manager.fork(parent, child)
-    assert manager.block_table("c") == manager.block_table("p"), "a forked child starts with its parent's table"
-    assert all(manager.allocator.ref_counts[b] == 2 for b in manager.block_table("p")), "fork increfs every block"
+    assert manager.block_table("c") == manager.block_table("p"), (
+        "a forked child starts with its parent's table"
+    )
+    assert all(manager.allocator.ref_counts[b] == 2 for b in manager.block_table("p")), (
+        "fork increfs every block"
+    )
     used = manager.num_used_blocks
     # token 10 lands in block 2 (positions 8..11), shared
-    assert manager.allocate_slots(child, 1), "one token after a fork, 7 blocks free: allocate_slots must succeed"
+    assert manager.allocate_slots(child, 1), (
+        "one token after a fork, 7 blocks free: allocate_slots must succeed"
+    )
     child_table, parent_table = manager.block_table("c"), manager.block_table("p")
     assert child_table[:2] == parent_table[:2], "full blocks the child does not write stay shared"
-    assert child_table[2] != parent_table[2], "copy-on-write: the written block must be replaced by a fresh one"
+    assert child_table[2] != parent_table[2], (
+        "copy-on-write: the written block must be replaced by a fresh one"
+    )
     assert manager.take_copies() == [(parent_table[2], child_table[2])], "queue (src, dst) for the runner"
     assert manager.take_copies() == [], "take_copies clears the queue"
     assert manager.num_used_blocks == used + 1, (
@@ -161,7 +181,9 @@ def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
     parent.num_computed = 8
     child = FakeRequest("c", parent.token_ids, num_computed=8)
     manager.fork(parent, child)
-    assert manager.allocate_slots(child, 1), "one token after a fork, 7 blocks free: allocate_slots must succeed"
+    assert manager.allocate_slots(child, 1), (
+        "one token after a fork, 7 blocks free: allocate_slots must succeed"
+    )
     assert len(manager.block_table("c")) == 3 and manager.block_table("c")[:2] == manager.block_table("p"), (
         f"the child's table {manager.block_table('c')} after writing position 8: the parent's two full blocks, "
         "shared, then one new block"
@@ -176,7 +198,9 @@ def test_free_returns_every_block_and_double_free_raises(manager_class):
         manager.get_computed_tokens(r)
         assert manager.allocate_slots(r, r.num_tokens), f"no room for {r.request_id}'s tokens"
         r.num_computed = r.num_tokens
-    assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4, "3 + 4 tokens in blocks of 2: 4 blocks"
+    assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4, (
+        "3 + 4 tokens in blocks of 2: 4 blocks"
+    )
     manager.free(a)
     manager.free(b)
     assert manager.num_free_blocks == 5 and manager.num_used_blocks == 0, "free must return every block"
@@ -196,7 +220,9 @@ def test_allocate_slots_is_all_or_nothing(manager_class):
     manager.get_computed_tokens(b)
     assert not manager.allocate_slots(b, 8), "2 blocks wanted, 1 free: must refuse"
     assert manager.block_table("b") == [] and manager.num_free_blocks == 1, "a refusal must change nothing"
-    assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1, "1 block wanted, 1 free: must succeed"
+    assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1, (
+        "1 block wanted, 1 free: must succeed"
+    )
 
 
 def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
@@ -236,7 +262,9 @@ STEMS = [[], [7, 7, 1, 2, 3, 4, 5, 6], [7, 7, 1, 2, 9, 9, 9, 9, 9, 9]]
 
 def manager_machine(manager_class):
     class ManagerMachine(RuleBasedStateMachine):
-        @initialize(num_blocks=st.integers(2, 16), block_size=st.sampled_from([1, 2, 4]), prefix_caching=st.booleans())
+        @initialize(
+            num_blocks=st.integers(2, 16), block_size=st.sampled_from([1, 2, 4]), prefix_caching=st.booleans()
+        )
         def setup(self, num_blocks, block_size, prefix_caching):
             self.manager = manager_class(num_blocks, block_size, enable_prefix_caching=prefix_caching)
             self.block_size = block_size
@@ -252,7 +280,12 @@ def manager_machine(manager_class):
 
         def _snapshot(self):
             m = self.manager
-            return (m.block_tables(), list(m.allocator.ref_counts), m.allocator.free_blocks(), m.num_free_blocks)
+            return (
+                m.block_tables(),
+                list(m.allocator.ref_counts),
+                m.allocator.free_blocks(),
+                m.num_free_blocks,
+            )
 
         def _run(self, request: FakeRequest, num_new: int) -> None:
             """Allocate slots for ``num_new`` tokens, apply the queued copies, write the tokens: one step."""
@@ -271,7 +304,9 @@ def manager_machine(manager_class):
             table = self.manager.block_table(request.request_id)
             tables = self.manager.block_tables()
             start = request.num_computed
-            assert len(table) * bs >= start + num_new, "allocate_slots returned True but the table is too short"
+            assert len(table) * bs >= start + num_new, (
+                "allocate_slots returned True but the table is too short"
+            )
             for position in range(start, start + num_new):
                 block = table[position // bs]
                 assert block != 0, "the null block was handed to a request"
@@ -298,7 +333,9 @@ def manager_machine(manager_class):
             tokens = stem + tail or [0]
             request = FakeRequest(self._new_id(), tokens)
             hit = self.manager.get_computed_tokens(request)
-            assert hit % self.block_size == 0, f"get_computed_tokens returned {hit}, not a whole number of blocks"
+            assert hit % self.block_size == 0, (
+                f"get_computed_tokens returned {hit}, not a whole number of blocks"
+            )
             assert hit <= request.num_tokens - 1, (
                 f"get_computed_tokens reused {hit} of {request.num_tokens} tokens: leave at least one to compute"
             )
@@ -358,7 +395,9 @@ def manager_machine(manager_class):
                 return
             m = self.manager
             tables = m.block_tables()
-            assert sorted(tables) == sorted(self.live), "the manager's live requests differ from those not freed"
+            assert sorted(tables) == sorted(self.live), (
+                "the manager's live requests differ from those not freed"
+            )
             listed = collections.Counter(b for t in tables.values() for b in t)
             assert 0 not in listed, "block 0 is the null block: it must never appear in a block table"
             free, evictable = m.allocator.free_blocks(), m.prefix_cache.evictable_blocks()

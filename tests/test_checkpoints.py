@@ -141,7 +141,9 @@ def gguf_name(hf: str) -> str:
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """convert_hf_to_gguf.py's Q/K row order: per head, the two rotary halves interleaved."""
     return (
-        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
     )
 
 
@@ -204,7 +206,9 @@ def write_gguf(
             kind = gguf.GGMLQuantizationType[qtype]
             writer.add_tensor(gguf_name(name), quantize(weight, kind), raw_dtype=kind)
     if rope_freqs:
-        writer.add_tensor("rope_freqs.weight", np.array(llama3_rope_factors(HIDDEN // HEADS), dtype=np.float32))
+        writer.add_tensor(
+            "rope_freqs.weight", np.array(llama3_rope_factors(HIDDEN // HEADS), dtype=np.float32)
+        )
     for name, tensor in (extra_tensors or {}).items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
@@ -309,7 +313,9 @@ def test_gguf_cache_round_trips_config_tokenizer_and_weights(tmp_path):
 
 def test_eos_sets_come_from_the_metadata(tmp_path):
     hf = hf_model(tie=False)
-    gguf_config = loader.load_weights(write_gguf(tmp_path / "t.gguf", hf, "F32", tie=True), use_cache=False).config
+    gguf_config = loader.load_weights(
+        write_gguf(tmp_path / "t.gguf", hf, "F32", tie=True), use_cache=False
+    ).config
     assert (gguf_config.eos_token_id, gguf_config.eos_token_ids) == (EOS, (EOS, EOT))
     folder = write_hf_folder(tmp_path / "hf", hf, LLAMA3_ROPE, generation_eos=[EOS, 7, EOT])
     weights = loader.load_weights(folder)
@@ -326,13 +332,18 @@ def test_generation_stops_on_any_eos_id_and_on_stop_token_ids(tmp_path):
     llm = LLM(model=str(folder), device="cpu", dtype="float32", max_num_seqs=2, max_model_len=MAX_POS)
 
     def run(**options) -> tuple[list[int], str]:
-        out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, **options))[0].outputs[0]
+        out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, **options))[
+            0
+        ].outputs[0]
         return out.token_ids, out.finish_reason
 
     assert run() == (greedy[: stop_at + 1], "stop")  # the second EOS id of the set
     assert run(ignore_eos=True) == (greedy, "length")
     stop_token = greedy[2]
-    assert run(ignore_eos=True, stop_token_ids=[stop_token]) == (greedy[: greedy.index(stop_token) + 1], "stop")
+    assert run(ignore_eos=True, stop_token_ids=[stop_token]) == (
+        greedy[: greedy.index(stop_token) + 1],
+        "stop",
+    )
 
 
 def test_stop_token_ids_end_generation_and_leave_their_text_out(llm):
@@ -342,7 +353,9 @@ def test_stop_token_ids_end_generation_and_leave_their_text_out(llm):
     first = free.token_ids.index(stop_id)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])
     out = llm.generate(prompt, params)[0].outputs[0]
-    assert out.token_ids == free.token_ids[: first + 1], "generation ends on the stop token, which is kept as an id"
+    assert out.token_ids == free.token_ids[: first + 1], (
+        "generation ends on the stop token, which is kept as an id"
+    )
     assert (out.finish_reason, out.stop_reason) == ("stop", stop_id)
     assert out.text == llm.tokenizer.decode(free.token_ids[:first]), "the stop token's text is left out"
     for bad in ([-1], ["3"], [True], [1.5]):
@@ -352,7 +365,9 @@ def test_stop_token_ids_end_generation_and_leave_their_text_out(llm):
 
 def test_every_eos_id_of_the_model_ends_generation(llm):
     assert llm.engine.eos_token_ids == frozenset(llm.tokenizer.eos_token_ids)
-    chat = llm.chat([{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=200))
+    chat = llm.chat(
+        [{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=200)
+    )
     assert chat[0].outputs[0].stop_reason in llm.tokenizer.eos_token_ids
 
 
@@ -370,15 +385,21 @@ def test_unknown_hf_tensor_is_an_error_naming_it(tmp_path):
     from safetensors.torch import save_file
 
     folder = write_hf_folder(tmp_path / "hf", hf_model(tie=False), LLAMA3_ROPE)
-    save_file({"model.layers.0.self_attn.q_proj.bias": torch.zeros(HIDDEN)}, str(folder / "extra.safetensors"))
+    save_file(
+        {"model.layers.0.self_attn.q_proj.bias": torch.zeros(HIDDEN)}, str(folder / "extra.safetensors")
+    )
     weights = loader.load_weights(folder)
-    with pytest.raises(ValueError, match=r"does not understand \['model\.layers\.0\.self_attn\.q_proj\.bias'\]"):
+    with pytest.raises(
+        ValueError, match=r"does not understand \['model\.layers\.0\.self_attn\.q_proj\.bias'\]"
+    ):
         LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
 
 
 def test_unsupported_architectures_and_rope_types_are_named(tmp_path):
     with pytest.raises(ValueError, match="GGUF architecture 'qwen2' is not supported; supported: llama"):
-        loader.load_weights(write_gguf(tmp_path / "q.gguf", hf_model(tie=True), "F32", tie=True, architecture="qwen2"))
+        loader.load_weights(
+            write_gguf(tmp_path / "q.gguf", hf_model(tie=True), "F32", tie=True, architecture="qwen2")
+        )
     base = hf_model(tie=False).config.to_dict()
     with pytest.raises(ValueError, match="model_type 'gemma' is not supported; supported: llama, mistral"):
         ModelConfig.from_hf_config({**base, "model_type": "gemma"})
@@ -390,7 +411,13 @@ def test_unsupported_architectures_and_rope_types_are_named(tmp_path):
     ):
         ModelConfig.from_hf_config(yarn)
     yarn_gguf = write_gguf(
-        tmp_path / "y.gguf", hf_model(tie=True), "F32", tie=True, extra_strings={"llama.rope.scaling.type": "yarn"}
+        tmp_path / "y.gguf",
+        hf_model(tie=True),
+        "F32",
+        tie=True,
+        extra_strings={"llama.rope.scaling.type": "yarn"},
     )
-    with pytest.raises(ValueError, match="GGUF RoPE scaling 'yarn' is not supported; supported: none, linear"):
+    with pytest.raises(
+        ValueError, match="GGUF RoPE scaling 'yarn' is not supported; supported: none, linear"
+    ):
         loader.load_weights(yarn_gguf)

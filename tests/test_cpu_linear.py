@@ -104,7 +104,9 @@ def fake_decisions(path: str) -> dict:
         "[]",
         json.dumps({"machine": "x", "decisions": {}}),
         # a well-formed file from another machine (here: another torch version) is stale
-        json.dumps({"machine": {**cpu_linear.machine_key(), "torch": "0.0.1"}, "decisions": fake_decisions("linear")}),
+        json.dumps(
+            {"machine": {**cpu_linear.machine_key(), "torch": "0.0.1"}, "decisions": fake_decisions("linear")}
+        ),
     ],
     ids=["not-json", "not-an-object", "wrong-schema", "stale"],
 )
@@ -113,7 +115,9 @@ def test_a_corrupt_or_stale_cache_is_ignored_and_rebuilt(cache, content, monkeyp
     assert cpu_linear.read_decisions(cache) == {}
     measured = []
     real_measure = cpu_linear.measure_shape
-    monkeypatch.setattr(cpu_linear, "measure_shape", lambda ws, **kw: measured.append(ws[0].shape) or real_measure(ws))
+    monkeypatch.setattr(
+        cpu_linear, "measure_shape", lambda ws, **kw: measured.append(ws[0].shape) or real_measure(ws)
+    )
     decisions = cpu_linear.use_fastest_linears(tiny_model())
     assert len(measured) == 2
     assert cpu_linear.read_decisions(cache) == decisions  # rewritten, for this machine

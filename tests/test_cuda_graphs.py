@@ -213,7 +213,9 @@ def test_steady_state_decode_does_not_sync_the_device_on_cuda(tiny_folder):
         engine.abort(list(engine.groups))
 
 
-def hf_greedy(folder: Path, prompt: list[int], new_tokens: int, dtype: torch.dtype) -> tuple[list[int], torch.Tensor]:
+def hf_greedy(
+    folder: Path, prompt: list[int], new_tokens: int, dtype: torch.dtype
+) -> tuple[list[int], torch.Tensor]:
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()

@@ -35,7 +35,9 @@ def make_llm(load, **options):
 
 
 def test_a_cache_too_small_for_one_sequence_fails_naming_the_fix(load):
-    with pytest.raises(ValueError, match=r"needs [\d,]+ bytes .*raise kv_cache_memory .* or lower max_model_len"):
+    with pytest.raises(
+        ValueError, match=r"needs [\d,]+ bytes .*raise kv_cache_memory .* or lower max_model_len"
+    ):
         make_llm(load, max_model_len=1024, kv_cache_memory=10 * BLOCK_BYTES)
 
 
@@ -61,7 +63,8 @@ def test_chunked_prefill_equals_one_shot_prefill(load, sp, llm):
     chunked = make_llm(load, max_model_len=256, max_num_batched_tokens=7, enable_prefix_caching=False)
     params = sp(temperature=0, max_tokens=12, ignore_eos=True)
     assert (
-        chunked.generate(prompt, params)[0].outputs[0].token_ids == llm.generate(prompt, params)[0].outputs[0].token_ids
+        chunked.generate(prompt, params)[0].outputs[0].token_ids
+        == llm.generate(prompt, params)[0].outputs[0].token_ids
     )
     ids = llm.tokenizer.encode(prompt)
     expected = llm.engine.model.sequence_logits(torch.tensor(ids))[-1]
@@ -112,7 +115,9 @@ def test_abort_mid_flight_returns_every_block(llm, sp):
     engine.abort(ids)
     assert not engine.has_unfinished_requests()
     assert engine.stats().kv_blocks_used == 0
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks - 1, "every block but the null block is free again"
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks - 1, (
+        "every block but the null block is free again"
+    )
 
 
 def test_seeded_sampling_ignores_what_else_is_batched(llm, sp):
@@ -133,7 +138,9 @@ def test_prefix_caching_reuses_blocks_and_changes_no_token(load, sp):
     second = cached.generate(prompts[1], params)[0]
     assert first.metrics.num_cached_tokens == 0
     shared = len(cached.tokenizer.encode(system)) // 16 * 16
-    assert second.metrics.num_cached_tokens >= shared - 16, "the shared system prompt's full blocks must be reused"
+    assert second.metrics.num_cached_tokens >= shared - 16, (
+        "the shared system prompt's full blocks must be reused"
+    )
     for prompt, out in zip(prompts, (first, second)):
         assert out.outputs[0].token_ids == plain.generate(prompt, params)[0].outputs[0].token_ids
 
@@ -145,20 +152,28 @@ def test_parallel_sampling_returns_n_completions_sharing_the_prompt(llm, sp):
     assert all(len(c.token_ids) == 10 and c.finish_reason == "length" for c in out.outputs)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "four samples at temperature 1 should differ"
     again = llm.generate("Name a colour:", params)[0]
-    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs], "seeded n > 1 reproduces"
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs], (
+        "seeded n > 1 reproduces"
+    )
     assert out.metrics.num_output_tokens == 40
     greedy = llm.generate("Name a colour:", sp(temperature=0, n=3, max_tokens=10, ignore_eos=True))[0]
     assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids == greedy.outputs[2].token_ids
 
 
 def test_stop_string_spanning_two_tokens_never_leaks_into_the_stream(llm, sp):
-    free = llm.generate("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0].text
+    free = (
+        llm.generate("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0].text
+    )
     stop = free[2:7]  # a stop string that several tokens make up
     streamed = ""
-    for snapshot in llm.stream("Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])):
+    for snapshot in llm.stream(
+        "Count: 1, 2, 3,", sp(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    ):
         streamed += snapshot.outputs[0].delta_text
         assert stop not in streamed
-    assert streamed == free[: free.find(stop)], "text streamed before the stop string was found must not include it"
+    assert streamed == free[: free.find(stop)], (
+        "text streamed before the stop string was found must not include it"
+    )
 
 
 def test_snapshots_do_not_share_mutable_state(llm, sp):

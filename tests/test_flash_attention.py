@@ -78,7 +78,9 @@ def test_matches_reference(fa, shape, causal, dtype):
     )
     if dtype == torch.float32 and KERNEL_DEVICE.type == "cuda":
         likely += "; in float32 on a GPU, a tl.dot left at its TF32 default: _dot keeps IEEE float32"
-    expect_close(out, reference(q, k, v, causal), TOLERANCE[dtype], f"q {tuple(q.shape)}, k {tuple(k.shape)}", likely)
+    expect_close(
+        out, reference(q, k, v, causal), TOLERANCE[dtype], f"q {tuple(q.shape)}, k {tuple(k.shape)}", likely
+    )
 
 
 def test_lse_and_scale(fa):
@@ -156,7 +158,9 @@ def test_poisoned_output_is_overwritten(fa, monkeypatch):
         pytest.param((1, 3, 4, 64), (1, 2, 4, 64), None, "multiple", id="heads-not-multiple"),
         pytest.param((1, 3, 4, 64), (1, 1, 4, 32), None, "head dim", id="head-dims-differ"),
         pytest.param((1, 2, 4, 48), (1, 2, 4, 48), None, "32, 64 or 128", id="head-dim-48"),
-        pytest.param((1, 3, 4, 64), (1, 1, 4, 64), (torch.float32, torch.float16), "dtype", id="mixed-dtypes"),
+        pytest.param(
+            (1, 3, 4, 64), (1, 1, 4, 64), (torch.float32, torch.float16), "dtype", id="mixed-dtypes"
+        ),
         pytest.param((3, 4, 64), (1, 4, 64), None, "4-D", id="3d-input"),
     ],
 )
@@ -219,7 +223,9 @@ def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
     monkeypatch.setattr(paged, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     llm = load("llm").LLM(device="cpu", attention_backend="triton", max_model_len=64)
     llm.generate("Hello there, friend", load("engine.sampling_params").SamplingParams(max_tokens=2))
-    assert calls and len(calls) % 30 == 0, f"the Triton kernel ran {len(calls)} times; one call per layer and step"
+    assert calls and len(calls) % 30 == 0, (
+        f"the Triton kernel ran {len(calls)} times; one call per layer and step"
+    )
 
 
 def test_bench_attention_smoke(load, capsys):

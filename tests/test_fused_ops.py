@@ -85,7 +85,9 @@ def angles(tokens: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("with_residual", [pytest.param(True, id="add"), pytest.param(False, id="first-layer")])
+@pytest.mark.parametrize(
+    "with_residual", [pytest.param(True, id="add"), pytest.param(False, id="first-layer")]
+)
 @pytest.mark.parametrize("tokens, hidden", [(5, 200), (1, 576), (3, 64)])
 def test_add_rms_norm(fused, monkeypatch, dtype, with_residual, tokens, hidden):
     torch.manual_seed(tokens * hidden)
@@ -98,7 +100,9 @@ def test_add_rms_norm(fused, monkeypatch, dtype, with_residual, tokens, hidden):
     stream64 = x.double() + (residual.double() if with_residual else 0)
     ref = stream64 * torch.rsqrt(stream64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
     expect_close(normed, ref, TOLERANCE[dtype], f"add_rms_norm {dtype} [{tokens}, {hidden}]")
-    assert torch.equal(stream, plain_stream), "the new residual must be x + residual rounded to x's dtype, as in torch"
+    assert torch.equal(stream, plain_stream), (
+        "the new residual must be x + residual rounded to x's dtype, as in torch"
+    )
     if not with_residual:
         assert stream is x, "with no residual the stream is x itself (no copy)"
     expect_like_plain(normed, plain_normed, "round the norm to x's dtype before the weight multiplies it")
@@ -116,7 +120,9 @@ def test_rope_rotates_a_strided_view_in_place(fused, dtype, q_heads, kv_heads, h
     plain = apply_rope(qkv[:, :rotated_heads], cos, sin)
     out = fused.rope(qkv[:, :rotated_heads], cos, sin)
     assert out.data_ptr() == qkv.data_ptr(), "rope rotates its input view in place and returns it"
-    expect_close(qkv[:, :rotated_heads], rope_reference(before[:, :rotated_heads], cos, sin), TOLERANCE[dtype], "rope")
+    expect_close(
+        qkv[:, :rotated_heads], rope_reference(before[:, :rotated_heads], cos, sin), TOLERANCE[dtype], "rope"
+    )
     assert torch.equal(qkv[:, rotated_heads:], before[:, rotated_heads:]), "rope wrote into the value heads"
     expect_like_plain(out, plain, "round each product and the sum to the dtype, as torch's chain does")
 
@@ -131,7 +137,9 @@ def test_silu_mul(fused, monkeypatch, dtype, tokens, inter):
     out = fused.silu_mul(gate_up)
     assert out.shape == (tokens, inter) and out.dtype == dtype
     gate, up = gate_up.double().chunk(2, dim=-1)
-    expect_close(out, torch.nn.functional.silu(gate) * up, TOLERANCE[dtype], f"silu_mul {dtype} [{tokens}, {inter}]")
+    expect_close(
+        out, torch.nn.functional.silu(gate) * up, TOLERANCE[dtype], f"silu_mul {dtype} [{tokens}, {inter}]"
+    )
     expect_like_plain(out, plain, "round silu(gate) to the dtype before the product, as F.silu does")
 
 
@@ -163,13 +171,17 @@ def test_rope_store_kv(fused, dtype, cache_dtype, block_size):
     q = fused.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slots.to(KERNEL_DEVICE))
     assert q.shape == (tokens, q_heads, head_dim) and q.data_ptr() == qkv.data_ptr(), "q is a view of qkv"
     expect_close(q, rope_reference(before[:, :q_heads], cos, sin), TOLERANCE[dtype], "rotated queries")
-    assert torch.equal(qkv[:, q_heads:], before[:, q_heads:]), "the key and value heads of qkv must stay unchanged"
+    assert torch.equal(qkv[:, q_heads:], before[:, q_heads:]), (
+        "the key and value heads of qkv must stay unchanged"
+    )
     keys = apply_rope(before[:, q_heads : q_heads + kv_heads], cos, sin)
     kept = slots >= 0
     kept_here = kept.to(KERNEL_DEVICE)
     flat_k, flat_v = (c.view(-1, kv_heads, head_dim).cpu() for c in (k_cache, v_cache))
     written = torch.isfinite(flat_k).flatten(1).all(-1)
-    assert written.sum() == kept.sum() and written[slots[kept]].all(), "K rows written must be exactly the slots >= 0"
+    assert written.sum() == kept.sum() and written[slots[kept]].all(), (
+        "K rows written must be exactly the slots >= 0"
+    )
     expect_close(
         flat_k[slots[kept]],
         rope_reference(before[kept_here, q_heads : q_heads + kv_heads], cos[kept_here], sin[kept_here]),
@@ -178,8 +190,12 @@ def test_rope_store_kv(fused, dtype, cache_dtype, block_size):
     )
     expect_like_plain(flat_k[slots[kept]], keys[kept_here].to(cache_dtype), "keys rotated as rope")
     v_rows = before[kept_here, q_heads + kv_heads :].to(cache_dtype).cpu()
-    assert torch.equal(flat_v[slots[kept]], v_rows), "values are stored as they are, cast to the cache's dtype"
-    assert torch.isfinite(flat_v).flatten(1).all(-1).sum() == kept.sum(), "V rows written must be exactly the slots"
+    assert torch.equal(flat_v[slots[kept]], v_rows), (
+        "values are stored as they are, cast to the cache's dtype"
+    )
+    assert torch.isfinite(flat_v).flatten(1).all(-1).sum() == kept.sum(), (
+        "V rows written must be exactly the slots"
+    )
 
 
 def ones(*shape: int) -> torch.Tensor:
@@ -221,7 +237,9 @@ def test_select_layer_ops(monkeypatch):
         select_layer_ops("cuda")
     monkeypatch.delenv("FASTMODE_FUSED")
     labs_ops, labs_llama = (importlib.import_module(f"labs.model.{m}") for m in ("layer_ops", "llama"))
-    assert labs_ops.select_layer_ops("cuda") is labs_llama.PLAIN_OPS, "labs/ must run the learner's own chains"
+    assert labs_ops.select_layer_ops("cuda") is labs_llama.PLAIN_OPS, (
+        "labs/ must run the learner's own chains"
+    )
 
 
 TINY = ModelConfig(
@@ -250,7 +268,9 @@ def tiny_llama(dtype: torch.dtype) -> LlamaModel:
     return LlamaModel.from_state_dict(c, state, KERNEL_DEVICE, dtype)
 
 
-def greedy_run(model: LlamaModel, ops, prompt: list[int], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+def greedy_run(
+    model: LlamaModel, ops, prompt: list[int], new_tokens: int
+) -> tuple[list[int], list[torch.Tensor]]:
     """Prefill ``prompt``, then decode greedily through the paged Triton kernels, each decode step padded with
     one row as a CUDA graph bucket pads (no slot, no context). Returns the tokens and each step's logits."""
     from solutions.cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
@@ -286,7 +306,9 @@ def greedy_run(model: LlamaModel, ops, prompt: list[int], new_tokens: int) -> tu
     return tokens[len(prompt) :], logits
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"]
+)
 def test_tiny_llama_fused_ops_match_plain(dtype, tol):
     """The whole model with the Triton set (RoPE fused with the KV store) against PLAIN_OPS, both over the
     paged Triton attention: the same logits within ``tol`` (relative), and in float32 the same greedy
@@ -302,7 +324,9 @@ def test_tiny_llama_fused_ops_match_plain(dtype, tol):
     for step, (ours, theirs) in enumerate(zip(fused_logits, plain_logits)):
         expect_close(ours, theirs, tol, f"{dtype} logits at step {step}, fused vs plain ops")
     if dtype == torch.float32:
-        assert fused_tokens == plain_tokens, f"greedy tokens differ: fused {fused_tokens}, plain {plain_tokens}"
+        assert fused_tokens == plain_tokens, (
+            f"greedy tokens differ: fused {fused_tokens}, plain {plain_tokens}"
+        )
 
 
 def test_bench_kernels_smoke(capsys):

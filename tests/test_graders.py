@@ -34,7 +34,9 @@ def scratch(tmp_path_factory) -> Path:
     shutil.copy(ROOT / "pyproject.toml", root)
     for shared in ("data", "notebooks"):  # read only
         (root / shared).symlink_to(ROOT / shared)
-    subprocess.run([sys.executable, "tools/make_labs.py", "--force"], cwd=root, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "tools/make_labs.py", "--force"], cwd=root, check=True, capture_output=True
+    )
     return root
 
 
@@ -65,10 +67,14 @@ def write_lab(scratch):
     written: list[str] = []
 
     def write(lab: str, rel: str, old: str = "", new: str = "") -> None:
-        for other in sorted(f for f in files if labs_file(scratch, f, frozenset({lab})) != labs_file(scratch, f)):
+        for other in sorted(
+            f for f in files if labs_file(scratch, f, frozenset({lab})) != labs_file(scratch, f)
+        ):
             text = labs_file(scratch, other, frozenset({lab}))
             if other == rel and old:
-                assert text.count(old) == 1, f"the planted mistake no longer matches the reference code: {old!r}"
+                assert text.count(old) == 1, (
+                    f"the planted mistake no longer matches the reference code: {old!r}"
+                )
                 text = text.replace(old, new)
             (scratch / "labs" / other).write_text(text)
             written.append(other)
@@ -190,19 +196,27 @@ def test_grader_names_the_planted_mistake(scratch, write_lab, lab, rel, old, new
     status, report = grade(scratch, lab, *tests)
     assert status == 1, f"the grader passed a planted mistake (exit {status}):\n{report}"
     assert message in report, f"the grader failed without naming the mistake ({message!r}):\n{report}"
-    assert len(report.splitlines()) <= MAX_REPORT_LINES, f"the report runs past {MAX_REPORT_LINES} lines:\n{report}"
+    assert len(report.splitlines()) <= MAX_REPORT_LINES, (
+        f"the report runs past {MAX_REPORT_LINES} lines:\n{report}"
+    )
 
 
 def test_an_unwritten_lab_reports_one_line_per_hole(scratch):
     holes = [h for h in make_labs.all_holes() if h.lab == "2"]
-    status, report = grade(scratch, "2", "tests/test_block_allocator.py")  # every hole is listed, whichever tests run
+    status, report = grade(
+        scratch, "2", "tests/test_block_allocator.py"
+    )  # every hole is listed, whichever tests run
     assert status == 1, report
     lines = report.splitlines()
-    assert len(lines) <= MAX_REPORT_LINES, f"an unwritten lab's report runs past {MAX_REPORT_LINES} lines:\n{report}"
+    assert len(lines) <= MAX_REPORT_LINES, (
+        f"an unwritten lab's report runs past {MAX_REPORT_LINES} lines:\n{report}"
+    )
     for hole in holes:
         named = [line for line in lines if line.lstrip().startswith("to write:") and hole.function in line]
         assert len(named) == 1, f"{hole.function} should have one 'to write' line:\n{report}"
-    assert "FAILED" not in report, f"an unwritten hole is reported as a failure, not as a hole to write:\n{report}"
+    assert "FAILED" not in report, (
+        f"an unwritten hole is reported as a failure, not as a hole to write:\n{report}"
+    )
 
 
 def test_a_solved_lab_passes_alone_and_says_what_the_engine_still_needs(scratch, write_lab):

@@ -43,7 +43,9 @@ def test_rms_norm_matches_float64(load, dtype, tol):
     x = (torch.randn(7, 576, generator=gen) * 3).to(dtype)
     weight = torch.randn(576, generator=gen).to(dtype)
     out = llama.rms_norm(x, weight, 1e-5)
-    assert out.dtype == dtype, f"rms_norm returned {out.dtype} for {dtype} input: cast the result back to x's dtype"
+    assert out.dtype == dtype, (
+        f"rms_norm returned {out.dtype} for {dtype} input: cast the result back to x's dtype"
+    )
     expect_close(
         out,
         rms_norm_reference(x, weight, 1e-5),
@@ -60,7 +62,9 @@ def test_rms_norm_upcasts_float16(load):
     x = (300 + 20 * torch.randn(4, 576, generator=gen)).half()
     weight = (1 + 0.1 * torch.randn(576, generator=gen)).half()
     out = llama.rms_norm(x, weight, 1e-5)
-    assert out.dtype == torch.float16, f"rms_norm returned {out.dtype} for float16 input: cast back to x's dtype"
+    assert out.dtype == torch.float16, (
+        f"rms_norm returned {out.dtype} for float16 input: cast back to x's dtype"
+    )
     expect_close(
         out,
         rms_norm_reference(x, weight, 1e-5),
@@ -103,7 +107,9 @@ def test_rope_rotates_each_pair_by_its_angle(load):
     moved = float((out[0] - x[0]).abs().max())
     assert moved < 1e-6, f"position 0 must be left unchanged (cos 1, sin 0); it moved by up to {moved:.3g}"
     norms = float((out.norm(dim=-1) - x.norm(dim=-1)).abs().max())
-    assert norms < 1e-4, f"a rotation keeps each head's length; it changed by up to {norms:.3g}: check the signs"
+    assert norms < 1e-4, (
+        f"a rotation keeps each head's length; it changed by up to {norms:.3g}: check the signs"
+    )
     x64 = x.double()
     pairs = torch.complex(x64[..., : head_dim // 2], x64[..., head_dim // 2 :])
     freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -124,7 +130,9 @@ Q_HEAD_TO_KV = "query head h reads K/V head h // (Hq // Hkv): heads 0-2 share K/
 CASES = [
     # batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, the likely mistake when this case fails
     pytest.param(1, 9, 3, 1, 37, 64, False, Q_HEAD_TO_KV, id="decode-9q-3kv"),  # SmolLM2 decode: GQA ratio 3
-    pytest.param(2, 9, 3, 13, 13, 64, True, "causal: query i sees keys j <= i, -inf elsewhere", id="prefill-causal"),
+    pytest.param(
+        2, 9, 3, 13, 13, 64, True, "causal: query i sees keys j <= i, -inf elsewhere", id="prefill-causal"
+    ),
     pytest.param(
         1,
         6,
@@ -137,7 +145,15 @@ CASES = [
         id="chunk-causal",
     ),
     pytest.param(
-        3, 4, 4, 7, 9, 32, False, "scores = q k^T * head_dim**-0.5, softmax over keys, times v", id="multihead"
+        3,
+        4,
+        4,
+        7,
+        9,
+        32,
+        False,
+        "scores = q k^T * head_dim**-0.5, softmax over keys, times v",
+        id="multihead",
     ),
     pytest.param(2, 8, 1, 3, 3, 64, True, "one K/V head serves every query head", id="multiquery-causal"),
 ]
@@ -145,7 +161,8 @@ CASES = [
 
 @pytest.mark.parametrize("batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, likely", CASES)
 @pytest.mark.parametrize(
-    "dtype, tol", [pytest.param(torch.float32, 1e-5, id="fp32"), pytest.param(torch.bfloat16, 2e-2, id="bf16")]
+    "dtype, tol",
+    [pytest.param(torch.float32, 1e-5, id="fp32"), pytest.param(torch.bfloat16, 2e-2, id="bf16")],
 )
 def test_gqa_attention_matches_float64(
     load, batch, q_heads, kv_heads, q_len, k_len, head_dim, causal, likely, dtype, tol
@@ -156,7 +173,9 @@ def test_gqa_attention_matches_float64(
     k = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen).to(dtype)
     v = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen).to(dtype)
     out = attention.gqa_attention(q, k, v, causal=causal)
-    assert out.dtype == dtype, f"gqa_attention returned {out.dtype} for {dtype} inputs: cast the result to q's dtype"
+    assert out.dtype == dtype, (
+        f"gqa_attention returned {out.dtype} for {dtype} inputs: cast the result to q's dtype"
+    )
     expect_close(
         out,
         reference_attention(q, k, v, causal=causal),
@@ -183,7 +202,9 @@ def test_gqa_attention_masks_padded_keys(load):
     )
     k_poisoned = k.clone()
     k_poisoned[1, :, 4:] = 1e4
-    changed = float((attention.gqa_attention(q, k_poisoned, v, causal=False, kv_lens=kv_lens) - out).abs().max())
+    changed = float(
+        (attention.gqa_attention(q, k_poisoned, v, causal=False, kv_lens=kv_lens) - out).abs().max()
+    )
     assert changed < 1e-5, f"changing padded keys (past kv_lens) moved the output by {changed:.3g}: mask them"
 
 

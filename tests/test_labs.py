@@ -70,14 +70,20 @@ def test_hints_are_tiered_and_never_reach_labs():
 
 def test_filled_holes_are_told_apart_from_stale_files():
     tool = make_labs()
-    source = "def f(x):\n    # BEGIN SOLUTION Lab 9: double it\n    return 2 * x\n    # END SOLUTION\n\n\ny = 1\n"
+    source = (
+        "def f(x):\n    # BEGIN SOLUTION Lab 9: double it\n    return 2 * x\n    # END SOLUTION\n\n\ny = 1\n"
+    )
     parts = tool.split_solutions(source, "f.py")
     generated = tool.render(parts)
     assert tool.filled_holes(parts, generated) == []
-    filled = generated.replace("    raise NotImplementedError('Lab 9: double it')\n", "    y = x + x\n    return y\n")
+    filled = generated.replace(
+        "    raise NotImplementedError('Lab 9: double it')\n", "    y = x + x\n    return y\n"
+    )
     assert [h.function for h in tool.filled_holes(parts, filled)] == ["f"]
     assert tool.filled_holes(parts, filled.replace("y = 1", "y = 2")) is None  # edited outside the hole
-    assert tool.filled_holes(parts, generated.replace("double it", "old nudge")) is None  # a hole with a stale nudge
+    assert (
+        tool.filled_holes(parts, generated.replace("double it", "old nudge")) is None
+    )  # a hole with a stale nudge
 
 
 def lab_is_filled(lab: str) -> bool:
@@ -95,19 +101,25 @@ def test_lab0_exercises_are_holes_in_labs():
     with pytest.raises(NotImplementedError, match="Lab 0"):
         llama.apply_rope(torch.ones(2, 1, 8), torch.ones(2, 8), torch.zeros(2, 8))
     with pytest.raises(NotImplementedError, match="Lab 0"):
-        attention.gqa_attention(torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), causal=False)
+        attention.gqa_attention(
+            torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), causal=False
+        )
 
 
 def test_every_hole_has_a_lab_with_a_grader():
     """Each ``Lab N`` marker names a lab that pyproject registers as marker ``labN``, so `make grade` finds it."""
     markers = (ROOT / "pyproject.toml").read_text()
     for hole in make_labs().all_holes():
-        assert f'"lab{hole.lab}:' in markers, f"{hole.path}:{hole.line}: no pytest marker lab{hole.lab} in pyproject"
+        assert f'"lab{hole.lab}:' in markers, (
+            f"{hole.path}:{hole.line}: no pytest marker lab{hole.lab} in pyproject"
+        )
 
 
 def test_labs_engine_runs_on_the_learners_modules():
     """Only exercise files live in labs/; the rest of the engine is solutions' code, wired to them."""
-    quant_model = importlib.import_module("labs.quant.model")  # no lab in it: solutions' file, loaded as labs'
+    quant_model = importlib.import_module(
+        "labs.quant.model"
+    )  # no lab in it: solutions' file, loaded as labs'
     awq = importlib.import_module("labs.quant.awq")  # holds Lab 6: the learner's file
     assert quant_model.clip_ratios is awq.clip_ratios
     assert Path(awq.__file__).is_relative_to(ROOT / "labs")
@@ -115,7 +127,9 @@ def test_labs_engine_runs_on_the_learners_modules():
 
     engine = importlib.import_module("labs.engine.engine")
     manager = importlib.import_module("labs.cache.kv_cache_manager")
-    assert engine.KVCacheManager is manager.KVCacheManager, "the labs engine must run the learner's KV-cache manager"
+    assert engine.KVCacheManager is manager.KVCacheManager, (
+        "the labs engine must run the learner's KV-cache manager"
+    )
     assert Path(manager.__file__).is_relative_to(ROOT / "labs")
     assert Path(engine.__file__).is_relative_to(ROOT / "solutions")
 
@@ -158,7 +172,9 @@ def test_make_lab_serves_the_course(tmp_path):
             except OSError:
                 output = (tmp_path / "jupyter.log").read_text()
                 assert server.poll() is None, f"`make lab` exited with {server.returncode}:\n{output[-2000:]}"
-                assert time.monotonic() < deadline, f"JupyterLab did not answer within 90 s:\n{output[-2000:]}"
+                assert time.monotonic() < deadline, (
+                    f"JupyterLab did not answer within 90 s:\n{output[-2000:]}"
+                )
                 time.sleep(0.5)
         notebook = get_json(f"{base}/contents/notebooks/00_tour.ipynb?content=1&token={token}")
         assert notebook["type"] == "notebook"
@@ -201,7 +217,12 @@ def test_holes_are_named_by_class_and_method_and_keep_their_reference_code():
     assert [h.function for h in holes] == ["Pool.take", "free"]
     assert holes[0].body == "        return n\n", "the reference code without its hint lines"
     solved = tool.render(parts, frozenset({"9"}))
-    assert "return n" in solved and "pass" in solved and "NotImplementedError" not in solved and "HINT" not in solved
+    assert (
+        "return n" in solved
+        and "pass" in solved
+        and "NotImplementedError" not in solved
+        and "HINT" not in solved
+    )
     with pytest.raises(ValueError, match="one lab's holes"):
         tool.split_solutions(source.replace("Lab 9: free", "Lab 8: free"), "mixed.py")
 
@@ -239,11 +260,15 @@ def test_a_lab_alone_takes_every_other_labs_module_from_solutions():
     """With Lab 2 alone, Lab 2's files are the learner's and Lab 1's and Lab 0's load their solutions twins, still as
     part of the labs package (one set of classes); asking for another choice in the same process is refused."""
     env = {k: v for k, v in os.environ.items() if k != "FASTMODE_LAB_ALONE"}
-    result = subprocess.run([sys.executable, "-c", LAB_ALONE_PROBE], cwd=ROOT, capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", LAB_ALONE_PROBE], cwd=ROOT, capture_output=True, text=True, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["labs", "labs", "solutions", "solutions", "True"], lines[0]
-    assert lines[1].startswith("RuntimeError") and "Lab 2 alone" in lines[1] and "restart the kernel" in lines[1]
+    assert (
+        lines[1].startswith("RuntimeError") and "Lab 2 alone" in lines[1] and "restart the kernel" in lines[1]
+    )
     assert lines[2].startswith("RuntimeError") and "every lab" in lines[2]
     assert lines[3].startswith("ValueError") and "IMPL must be one of" in lines[3]
 

@@ -49,8 +49,19 @@ def test_bundled_gguf_loads_with_the_expected_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))
     first = loader.load_weights()
     cfg = first.config
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
-    assert (cfg.vocab_size, cfg.intermediate_size, cfg.rope_theta, cfg.tie_word_embeddings) == (49152, 1536, 1e5, True)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
+    assert (cfg.vocab_size, cfg.intermediate_size, cfg.rope_theta, cfg.tie_word_embeddings) == (
+        49152,
+        1536,
+        1e5,
+        True,
+    )
     assert sum(t.numel() for t in first.state_dict.values()) == 134_515_008
     assert first.state_dict["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
     assert list(tmp_path.glob("*.safetensors")), "the dequantized weights were not cached"
@@ -79,7 +90,11 @@ def test_two_processes_converting_at_once_both_get_the_same_weights(tmp_path):
     root = Path(__file__).resolve().parents[1]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CONVERT_AND_READ], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "-c", CONVERT_AND_READ],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         for _ in range(2)
     ]

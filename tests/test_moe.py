@@ -143,7 +143,9 @@ def _check_permutation(perm, experts, num_experts, block):
     padding = len(flat)
     ids = perm.sorted_ids.tolist()
     case = f"{experts.shape[0]} tokens, top-{experts.shape[1]}, {num_experts} experts, block {block}"
-    assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (block - 1), (
+    assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (
+        block - 1
+    ), (
         f"{case}: {len(ids)} sorted_ids for {len(perm.block_experts)} blocks: size the buffers for the worst case "
         "(T * k + E * (block - 1) rows, rounded up to whole blocks), one block_experts entry per block"
     )
@@ -163,7 +165,9 @@ def _check_permutation(perm, experts, num_experts, block):
                 "each group starts at the padded cumulative count, so no block straddles two experts"
             )
     used = [e for e in perm.block_experts.tolist() if e != -1]
-    assert used == sorted(used), f"{case}: block_experts {used} must run in expert order, padding-only blocks last"
+    assert used == sorted(used), (
+        f"{case}: block_experts {used} must run in expert order, padding-only blocks last"
+    )
     assert perm.counts.tolist() == [flat.count(e) for e in range(num_experts)], (
         f"{case}: counts {perm.counts.tolist()}: the number of assignments of each expert (bincount, minlength E)"
     )
@@ -235,7 +239,11 @@ def _routings(tokens, num_experts, top_k, g):
     all_to_one = torch.stack(
         [torch.full((tokens,), num_experts - 1)] + [random_pick[:, 0] * 0 + j for j in range(top_k - 1)], 1
     )
-    return {"random": random_pick, "an expert with no token": no_expert_0, "one expert takes every token": all_to_one}
+    return {
+        "random": random_pick,
+        "an expert with no token": no_expert_0,
+        "one expert takes every token": all_to_one,
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -456,14 +464,18 @@ def test_mixtral_logits_match_transformers(load, tiny_mixtral):
 
 def test_mixtral_greedy_matches_hf_generate_batched_and_alone(load, tiny_mixtral):
     hf_model, folder = tiny_mixtral
-    llm = load("llm").LLM(str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=4)
+    llm = load("llm").LLM(
+        str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=4
+    )
     params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 12, 1, 30)]
     expected = []
     for prompt in prompts:
         with torch.inference_mode():
-            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
+            out = hf_model.generate(
+                torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0
+            )
         expected.append(out[0, len(prompt) :].tolist())
     batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     alone = [llm.generate(p, params)[0].outputs[0].token_ids for p in prompts]
@@ -473,7 +485,9 @@ def test_mixtral_greedy_matches_hf_generate_batched_and_alone(load, tiny_mixtral
 
 def test_engine_without_tokenizer_rejects_text_prompts(load, tiny_mixtral):
     _, folder = tiny_mixtral
-    llm = load("llm").LLM(str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=1)
+    llm = load("llm").LLM(
+        str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=1
+    )
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
         llm.generate("a text prompt")
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):

@@ -77,7 +77,9 @@ def test_moefied_model_with_k_equal_e_is_the_dense_model(load, tiny_llama):
         torch.testing.assert_close(moe.sequence_logits(ids), expected, rtol=1e-5, atol=1e-5)
         for layer in moe.layers:
             layer.mlp.top_k = 1
-        assert (moe.sequence_logits(ids) - expected).abs().max() > 1e-3  # fewer experts: really a different model
+        assert (
+            moe.sequence_logits(ids) - expected
+        ).abs().max() > 1e-3  # fewer experts: really a different model
 
 
 def test_moefied_folder_loads_back_into_the_engine(load, tiny_llama, tmp_path):
@@ -86,10 +88,16 @@ def test_moefied_folder_loads_back_into_the_engine(load, tiny_llama, tmp_path):
     weights = loader.load_weights(folder, load_tokenizer=False)
     out = tmp_path / "moefied"
     moefy.write_folder(
-        out, moefy.moefied_config(weights.config, 4, 4), moefy.moefied_state_dict(weights.state_dict, neurons, routers)
+        out,
+        moefy.moefied_config(weights.config, 4, 4),
+        moefy.moefied_state_dict(weights.state_dict, neurons, routers),
     )
     config = json.loads((out / "config.json").read_text())
-    assert (config["model_type"], config["num_local_experts"], config["moe_router"]) == ("moefied_llama", 4, "unit")
+    assert (config["model_type"], config["num_local_experts"], config["moe_router"]) == (
+        "moefied_llama",
+        4,
+        "unit",
+    )
     LLM = load("llm").LLM
     params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 17, 3], [99, 1, 2, 3, 4, 5, 6, 7], [42]]
@@ -120,6 +128,8 @@ def test_shipped_split_of_smollm2_reproduces_the_dense_model_at_k_equal_e(load):
     moe = llama.LlamaModel.from_state_dict(
         moe_config, moefy.moefied_state_dict(weights.state_dict, neurons, routers), "cpu", torch.float32
     )
-    ids = torch.tensor(weights.tokenizer.encode("And it came to pass in those days, that there went out a decree"))
+    ids = torch.tensor(
+        weights.tokenizer.encode("And it came to pass in those days, that there went out a decree")
+    )
     with torch.inference_mode():
         torch.testing.assert_close(moe.sequence_logits(ids), dense.sequence_logits(ids), rtol=1e-4, atol=1e-4)

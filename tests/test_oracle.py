@@ -76,7 +76,9 @@ def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
 
 
 def greedy(load):
-    return load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    return load("engine.sampling_params").SamplingParams(
+        temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True
+    )
 
 
 def test_greedy_batched_matches_hugging_face(llm, hf_greedy, load):
@@ -100,7 +102,9 @@ def test_greedy_matches_hugging_face_on_every_cpu_linear_path(path, hf_greedy, l
         pytest.skip(f"{path} is not available in this torch build")
     monkeypatch.setenv(cpu_linear.FORCE_ENV, path)
     engine = load("llm").LLM(device="cpu", dtype="float32", max_num_seqs=8, max_model_len=256)
-    assert {m.choices["decode"] for m in engine.engine.model.modules() if isinstance(m, cpu_linear.CpuLinear)} == {path}
+    assert {
+        m.choices["decode"] for m in engine.engine.model.modules() if isinstance(m, cpu_linear.CpuLinear)
+    } == {path}
     outputs = engine.generate(PROMPTS, greedy(load))
     for prompt, output, expected in zip(PROMPTS, outputs, hf_greedy):
         assert output.outputs[0].token_ids == expected, prompt

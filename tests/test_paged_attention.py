@@ -90,7 +90,9 @@ def reference(batch: PagedBatch, **kwargs) -> torch.Tensor:
 
 
 def check_against_reference(out: torch.Tensor, batch: PagedBatch, dtype: torch.dtype) -> float:
-    assert out.shape == batch.q.shape and out.dtype == dtype, f"output must be [T, Hq, D] {dtype}, got {out.shape}"
+    assert out.shape == batch.q.shape and out.dtype == dtype, (
+        f"output must be [T, Hq, D] {dtype}, got {out.shape}"
+    )
     assert torch.isfinite(out).all(), (
         "NaN/inf in the output: the kernel read a cache row that holds none of the sequence's tokens (every such "
         "row is NaN here): a wrong block or offset in the block-table walk (position p: block_table[b, p // "
@@ -252,7 +254,9 @@ def test_tuned_decode_is_captured_and_replayed_in_a_cuda_graph(pa, monkeypatch):
 
 # Prefill and mixed steps: two decodes, a first chunk (no cache before it), a later chunk over a cached
 # prefix longer than its queries, and a prefix-cache hit (many cached tokens, three new queries).
-@pytest.mark.parametrize("dtype, block_size", [(torch.float32, 16), (torch.float16, 32), (torch.bfloat16, 16)])
+@pytest.mark.parametrize(
+    "dtype, block_size", [(torch.float32, 16), (torch.float16, 32), (torch.bfloat16, 16)]
+)
 def test_prefill_and_mixed_batch_match_reference(pa, dtype, block_size):
     batch = paged_batch(
         [29, 19, 45, 67, 1], [1, 19, 7, 3, 1], block_size=block_size, q_heads=6, kv_heads=2, dtype=dtype
@@ -265,8 +269,12 @@ def test_prefill_head_dim_128_and_scale(pa):
     out = pa.paged_attention(*batch.args(), **batch.lengths(), sm_scale=0.3)
     error = rel_err(out.cpu(), reference(batch, sm_scale=0.3))
     if not error < TOLERANCE[torch.float32]:
-        ignored = rel_err(out.cpu(), reference(batch)) < TOLERANCE[torch.float32]  # right for D ** -0.5 instead
-        likely = "sm_scale is ignored: the scores must use it in place of D ** -0.5" if ignored else WRONG_ROWS
+        ignored = (
+            rel_err(out.cpu(), reference(batch)) < TOLERANCE[torch.float32]
+        )  # right for D ** -0.5 instead
+        likely = (
+            "sm_scale is ignored: the scores must use it in place of D ** -0.5" if ignored else WRONG_ROWS
+        )
         raise AssertionError(f"relative error {error:.2e} with sm_scale=0.3: {likely}")
 
 
@@ -391,7 +399,9 @@ def test_store_kv_casts_to_the_cache_dtype_and_checks_slots(skv):
     k, v = torch.randn(2, 3, 1, 32, device=DEVICE)
     skv.store_kv(k, v, k_cache, v_cache, torch.tensor([0, 17, 31], device=DEVICE))
     assert torch.equal(k_cache[1, 1, 0], k[1, 0].half()) and torch.equal(v_cache[1, 15, 0], v[2, 0].half())
-    k_cache, v_cache, k, v = (t.cpu() for t in (k_cache, v_cache, k, v))  # slot values are checked on CPU only
+    k_cache, v_cache, k, v = (
+        t.cpu() for t in (k_cache, v_cache, k, v)
+    )  # slot values are checked on CPU only
     with pytest.raises(ValueError, match="past the cache's last row"):
         skv.store_kv(k, v, k_cache, v_cache, torch.tensor([0, 1, 32]))
     with pytest.raises(ValueError, match="one slot per token"):
@@ -408,7 +418,9 @@ def test_gpu_benchmark_code_runs_through_the_interpreter(load):
         batch=2, context=21, q_heads=3, kv_heads=1, device=DEVICE, copy_bytes=1 << 20
     )
     assert figures["bytes"] == (2 * 2 * 21 * 64 + 2 * 2 * 3 * 64) * 2 and figures["gbps"] > 0
-    assert figures["rel_err"] < TOLERANCE[torch.bfloat16], "the benchmarked kernel disagrees with the reference"
+    assert figures["rel_err"] < TOLERANCE[torch.bfloat16], (
+        "the benchmarked kernel disagrees with the reference"
+    )
 
 
 def test_cpu_step_attention_checks_slots_once_per_step():

@@ -26,7 +26,9 @@ def run(manager, request: FakeRequest) -> int:
     """Admit ``request``, compute all its tokens in one step, register its full blocks; return the hit."""
     hit = manager.get_computed_tokens(request)
     request.num_computed = hit
-    assert manager.allocate_slots(request, request.num_tokens - hit), f"no room for {request.request_id}'s tokens"
+    assert manager.allocate_slots(request, request.num_tokens - hit), (
+        f"no room for {request.request_id}'s tokens"
+    )
     request.num_computed = request.num_tokens
     manager.cache_full_blocks(request)
     return hit
@@ -83,7 +85,9 @@ def test_a_changed_token_reuses_only_the_blocks_before_it(manager_class):
     run(manager, FakeRequest("a", tokens + [99]))
     changed = list(tokens)
     changed[9] = -5  # in block 2
-    assert run(manager, FakeRequest("b", changed + [99])) == 8, "blocks 0 and 1 match; the chain diverges at block 2"
+    assert run(manager, FakeRequest("b", changed + [99])) == 8, (
+        "blocks 0 and 1 match; the chain diverges at block 2"
+    )
 
 
 def test_at_least_one_token_is_left_to_compute(manager_class):
@@ -131,14 +135,18 @@ def test_freed_cached_blocks_are_reused_then_evicted_oldest_first(manager_class)
     assert sorted(manager.prefix_cache.evictable_blocks()) == sorted(a_full), (
         "a's full blocks keep their contents in the LRU; its partial block goes back to the free list"
     )
-    assert manager.prefix_cache.evictable_blocks() == a_full[::-1], "freed last block first: the tail is evicted first"
+    assert manager.prefix_cache.evictable_blocks() == a_full[::-1], (
+        "freed last block first: the tail is evicted first"
+    )
     b = FakeRequest("b", list(range(8)) + [60])
     assert run(manager, b) == 8, "a freed cached prefix must still be found"
     assert manager.prefix_cache.num_evictable == 0, "reused blocks leave the LRU"
     manager.free(b)
     c = FakeRequest("c", [70 + i for i in range(17)])  # 5 blocks: 4 free + 1 eviction
     run(manager, c)
-    assert manager.prefix_cache.evictable_blocks() == [a_full[0]], "evict the least recently freed block first"
+    assert manager.prefix_cache.evictable_blocks() == [a_full[0]], (
+        "evict the least recently freed block first"
+    )
     assert manager.get_computed_tokens(FakeRequest("d", list(range(9)))) == 4, (
         "the evicted tail is gone, the head is not"
     )
@@ -150,7 +158,9 @@ def test_evicted_block_contents_are_not_found_again(manager_class):
     manager.free(FakeRequest("a", []))
     run(manager, FakeRequest("b", [9, 9, 9, 9, 9, 9, 9, 9]))  # needs both blocks: evicts a's
     assert manager.prefix_cache.lookup(manager.prefix_cache.block_to_hash.get(1, b"")) in (None, 1)
-    assert manager.get_computed_tokens(FakeRequest("c", [1, 2, 3, 4, 5])) == 0, "an evicted block must not hit"
+    assert manager.get_computed_tokens(FakeRequest("c", [1, 2, 3, 4, 5])) == 0, (
+        "an evicted block must not hit"
+    )
 
 
 def test_truncate_drops_blocks_and_a_rewritten_cached_block_is_uncached(manager_class):
@@ -178,7 +188,9 @@ def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manag
     run(manager, a)
     manager.truncate(a, 5)  # the drafts after position 4 were rejected: blocks 0 and 1 (partly) stay
     a.token_ids, a.num_computed = original[:5] + [-1, -2, -3, -4, -5, -6, -7, -8], 5
-    assert manager.allocate_slots(a, 8), "8 tokens after truncation, 13 blocks free: allocate_slots must succeed"
+    assert manager.allocate_slots(a, 8), (
+        "8 tokens after truncation, 13 blocks free: allocate_slots must succeed"
+    )
     a.num_computed = 13
     manager.cache_full_blocks(a)
     assert run(manager, FakeRequest("new", a.token_ids + [0])) == 12, (

@@ -32,7 +32,9 @@ def test_pack_unpack_round_trip(load, shape):
     packed = pack.pack_int4(values)
     want = (*shape[:-1], shape[-1] // 8)
     assert packed.dtype == torch.int32, f"pack_int4 returned {packed.dtype}: the words must be int32"
-    assert packed.shape == want, f"pack_int4 gave shape {tuple(packed.shape)}, expected {want}: 8 values per word"
+    assert packed.shape == want, (
+        f"pack_int4 gave shape {tuple(packed.shape)}, expected {want}: 8 values per word"
+    )
     unpacked = pack.unpack_int4(packed)
     assert unpacked.dtype == torch.uint8, f"unpack_int4 returned {unpacked.dtype}, expected uint8"
     wrong = int((unpacked != values).sum())
@@ -318,7 +320,9 @@ def real_layer_inputs():
         return hook
 
     hooks = [
-        layer.input_layernorm.register_forward_pre_hook(lambda m, args: captured.setdefault("layer", sum(args))),
+        layer.input_layernorm.register_forward_pre_hook(
+            lambda m, args: captured.setdefault("layer", sum(args))
+        ),
         layer.mlp.gate_up_proj.register_forward_pre_hook(grab("gate_up")),
         layer.mlp.down_proj.register_forward_pre_hook(grab("down")),
     ]
@@ -340,7 +344,9 @@ def test_scale_search_measures_the_error_after_block(load):
     awq, rtn = load("quant.awq"), load("quant.rtn")
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(48, 128, generator=gen)
-    outliers = 1 + 30 * (torch.rand(128, generator=gen) < 0.05)  # a few large activation channels, as in real models
+    outliers = 1 + 30 * (
+        torch.rand(128, generator=gen) < 0.05
+    )  # a few large activation channels, as in real models
     x = torch.randn(64, 128, generator=gen) * outliers
     proj = torch.randn(48, 16, generator=gen)
     block = lambda y: torch.nn.functional.silu(y) @ proj
@@ -388,14 +394,22 @@ def test_scale_search_beats_round_to_nearest(load, real_layer_inputs, linear, w_
     weight = (mlp.gate_up_proj if linear == "gate_up" else mlp.down_proj).weight
     x = captured[linear]
     result = awq.search_scale(weight, x, w_bit, 64, n_grid=10)
-    assert result.alphas == [i / 10 for i in range(10)] and len(result.errors) == 10, "one error per alpha i / n_grid"
-    assert result.scales.shape == (weight.shape[1],), f"scales {tuple(result.scales.shape)}: one per input channel"
+    assert result.alphas == [i / 10 for i in range(10)] and len(result.errors) == 10, (
+        "one error per alpha i / n_grid"
+    )
+    assert result.scales.shape == (weight.shape[1],), (
+        f"scales {tuple(result.scales.shape)}: one per input channel"
+    )
     positive = bool((result.scales > 0).all())
     assert positive, "scales must be positive (clamp mean|x|**alpha at 1e-4)"
     rtn_error = (x @ rtn.fake_quantize(weight, w_bit, 64).T - x @ weight.T).pow(2).mean().item()
-    assert result.errors[0] == pytest.approx(rtn_error, rel=1e-4), "alpha = 0 means s = 1: its error is plain RTN's"
+    assert result.errors[0] == pytest.approx(rtn_error, rel=1e-4), (
+        "alpha = 0 means s = 1: its error is plain RTN's"
+    )
     assert result.alpha > 0 and min(result.errors) < rtn_error, "on real activations some alpha > 0 beats RTN"
-    assert result.errors[result.alphas.index(result.alpha)] == min(result.errors), "return the alpha with least error"
+    assert result.errors[result.alphas.index(result.alpha)] == min(result.errors), (
+        "return the alpha with least error"
+    )
     s = result.scales
     awq_error = (x @ (rtn.fake_quantize(weight * s, w_bit, 64) / s).T - x @ weight.T).pow(2).mean().item()
     assert awq_error == pytest.approx(min(result.errors), rel=1e-4)
@@ -444,13 +458,20 @@ def test_quantized_engine_generates_like_float(llm, method):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     reference = llm.generate(prompt, params)[0].outputs[0].token_ids
     quant = LLM(device="cpu", dtype="float32", max_num_seqs=16, max_model_len=256, quantization=method)
-    text = quant.generate(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0].outputs[0].text
+    text = (
+        quant.generate(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0]
+        .outputs[0]
+        .text
+    )
     words = text.split()
     assert len(words) >= 12 and sum(w.strip(".,;:!?'\"()").isalpha() for w in words) >= 0.8 * len(words), text
     assert max(words.count(w) for w in words) <= 8, text  # not stuck repeating itself
     prompt_ids = quant.tokenizer.encode(prompt)
     prefixes = [prompt_ids + reference[:k] for k in range(16)]
-    picks = [o.outputs[0].token_ids[0] for o in quant.generate(prefixes, SamplingParams(temperature=0, max_tokens=1))]
+    picks = [
+        o.outputs[0].token_ids[0]
+        for o in quant.generate(prefixes, SamplingParams(temperature=0, max_tokens=1))
+    ]
     agree = sum(p == reference[k] for p, k in zip(picks, range(16)))
     assert agree >= 8, f"{method}: {agree}/16 next tokens match float's"
 
@@ -461,7 +482,9 @@ def test_engine_config_validates_quantization():
 
     # "auto": float32 on CPU, except a quantized model on a CPU with native bfloat16 (the int4 kernel's own dtype)
     assert EngineConfig(device="cpu").dtype == "float32"
-    assert EngineConfig(device="cpu", quantization="rtn").dtype == ("bfloat16" if native_bf16() else "float32")
+    assert EngineConfig(device="cpu", quantization="rtn").dtype == (
+        "bfloat16" if native_bf16() else "float32"
+    )
     assert EngineConfig(device="cpu", quantization="rtn", dtype="float32").dtype == "float32"
 
     with pytest.raises(ValueError, match="quantization"):
@@ -484,6 +507,9 @@ def test_perplexity_cli_prints_the_figure_last():
 
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["perplexity", "--file", str(EVAL_TEXT), "--quantization", "rtn", "--max-tokens", "128"]) == 0
+        assert (
+            main(["perplexity", "--file", str(EVAL_TEXT), "--quantization", "rtn", "--max-tokens", "128"])
+            == 0
+        )
     last = out.getvalue().strip().splitlines()[-1]
     assert last.startswith("perplexity: ") and 1 < float(last.split()[-1]) < 100

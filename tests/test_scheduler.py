@@ -31,7 +31,9 @@ def make(load):
     def request(prompt_len: int, max_tokens: int = 4, first_token: int | None = None):
         start = next(counter) * 1000 if first_token is None else first_token
         params = params_mod.SamplingParams(temperature=0, max_tokens=max_tokens)
-        group = request_mod.RequestGroup(f"r{start}", None, list(range(start, start + prompt_len)), params, 0.0)
+        group = request_mod.RequestGroup(
+            f"r{start}", None, list(range(start, start + prompt_len)), params, 0.0
+        )
         r = request_mod.Request(group.request_id, group, 0, detokenizer=None)
         group.requests.append(r)
         return r
@@ -69,7 +71,9 @@ def check_plan(scheduler, plan) -> None:
     assert len(plan.scheduled) <= scheduler.max_num_seqs, (
         f"{len(plan.scheduled)} sequences scheduled, over max_num_seqs={scheduler.max_num_seqs}"
     )
-    assert all(n >= 1 for n in plan.num_scheduled_tokens.values()), "a scheduled request must run at least 1 token"
+    assert all(n >= 1 for n in plan.num_scheduled_tokens.values()), (
+        "a scheduled request must run at least 1 token"
+    )
     assert len(scheduler.running) <= scheduler.max_num_seqs, "more running requests than max_num_seqs"
 
 
@@ -85,7 +89,9 @@ def test_decodes_run_first_and_prompts_fill_the_rest_in_chunks(make):
     )
     long_prompt.num_computed += 16
     plan = scheduler.schedule()
-    assert plan.num_scheduled_tokens[long_prompt.request_id] == 16, "a running prefill continues with its next chunk"
+    assert plan.num_scheduled_tokens[long_prompt.request_id] == 16, (
+        "a running prefill continues with its next chunk"
+    )
 
 
 def test_a_step_mixes_decodes_and_a_prefill_chunk_decodes_first(make):
@@ -98,7 +104,9 @@ def test_a_step_mixes_decodes_and_a_prefill_chunk_decodes_first(make):
     b = request(20)
     scheduler.add(b)
     plan = scheduler.schedule()
-    assert [r.request_id for r in plan.scheduled] == [a.request_id, b.request_id], "decodes come first in the plan"
+    assert [r.request_id for r in plan.scheduled] == [a.request_id, b.request_id], (
+        "decodes come first in the plan"
+    )
     assert plan.num_scheduled_tokens == {a.request_id: 1, b.request_id: 7}, (
         "a decode takes one token and the waiting prompt gets what is left of the budget"
     )
@@ -132,8 +140,12 @@ def test_running_out_of_blocks_preempts_the_newest_request(make):
         if not scheduler.has_unfinished():
             break
     assert preempted, "the cache was too small for both requests: one must have been preempted"
-    assert all(r is new for r in preempted), "the victim must be the most recently admitted request, never the oldest"
-    assert {r.request_id for r in finished} == {old.request_id, new.request_id}, "every request must still finish"
+    assert all(r is new for r in preempted), (
+        "the victim must be the most recently admitted request, never the oldest"
+    )
+    assert {r.request_id for r in finished} == {old.request_id, new.request_id}, (
+        "every request must still finish"
+    )
     assert scheduler.kv.num_used_blocks == 0, "finished requests must return every block"
 
 
@@ -174,7 +186,9 @@ def test_random_workloads_respect_the_limits_and_everything_finishes(make, seed)
         check_plan(scheduler, plan)
         if not pending and not scheduler.has_unfinished():
             break
-    assert len(finished) == len(requests), f"only {len(finished)} of {len(requests)} requests finished in {steps} steps"
+    assert len(finished) == len(requests), (
+        f"only {len(finished)} of {len(requests)} requests finished in {steps} steps"
+    )
     assert scheduler.kv.num_used_blocks == 0, (
         f"{scheduler.kv.num_used_blocks} blocks still in use after every request finished: a block was leaked"
     )
@@ -228,8 +242,12 @@ def test_admission_reuses_the_prefix_cache(make):
     scheduler = build(num_blocks=16, budget=32)
     first = request(12, max_tokens=1)
     scheduler.add(first)
-    run_step(scheduler, [])  # computes the prompt, samples its one token, finishes: its 3 full blocks stay cached
-    second = request(15, max_tokens=1, first_token=first.prompt_token_ids[0])  # the same 12 tokens, then 3 more
+    run_step(
+        scheduler, []
+    )  # computes the prompt, samples its one token, finishes: its 3 full blocks stay cached
+    second = request(
+        15, max_tokens=1, first_token=first.prompt_token_ids[0]
+    )  # the same 12 tokens, then 3 more
     scheduler.add(second)
     plan = scheduler.schedule()
     scheduled = plan.num_scheduled_tokens.get(second.request_id)
@@ -249,10 +267,14 @@ def test_a_failed_admission_gives_back_its_prefix_blocks(make):
     long_runner = request(12, max_tokens=20)
     scheduler.add(long_runner)
     run_step(scheduler, [])  # 3 blocks; 1 free block and the 2 cached ones left
-    sharer = request(20, max_tokens=1, first_token=first.prompt_token_ids[0])  # hits 2 blocks, then needs 3 more
+    sharer = request(
+        20, max_tokens=1, first_token=first.prompt_token_ids[0]
+    )  # hits 2 blocks, then needs 3 more
     scheduler.add(sharer)
     plan = scheduler.schedule()
-    assert sharer.request_id not in plan.num_scheduled_tokens, "12 more tokens need 3 blocks with 1 free: no room"
+    assert sharer.request_id not in plan.num_scheduled_tokens, (
+        "12 more tokens need 3 blocks with 1 free: no room"
+    )
     running_blocks = sum(len(scheduler.kv.block_table(r.request_id)) for r in scheduler.running)
     assert scheduler.kv.num_used_blocks == running_blocks, (
         f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after an "

@@ -139,7 +139,9 @@ def test_one_loop_wakeup_per_step_and_a_late_reader_gets_one_coalesced_snapshot(
     for i in (1, 2):  # the readers that waited longer catch up in one snapshot holding every word
         (only,) = rest[i]
         assert only.finished and only.outputs[0].delta_text == f"w{i} x{i} y{i} z{i}"
-        assert only.outputs[0].delta_token_ids == [1, 2, 3, 4] and only.outputs[0].text == f"w{i} x{i} y{i} z{i}"
+        assert (
+            only.outputs[0].delta_token_ids == [1, 2, 3, 4] and only.outputs[0].text == f"w{i} x{i} y{i} z{i}"
+        )
 
 
 def test_closing_a_stream_aborts_its_request(engine_loop, load):

@@ -127,7 +127,9 @@ def test_sse_wire_format_ends_with_done(server, model):
         "stream": True,
         "temperature": 0,
     }
-    reply = httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    reply = httpx.post(
+        f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}
+    )
     assert reply.headers["content-type"].startswith("text/event-stream")
     events = [e for e in reply.text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
@@ -137,7 +139,9 @@ def test_sse_wire_format_ends_with_done(server, model):
 def test_chat_streaming_delivers_the_same_text(client, model):
     messages = [{"role": "user", "content": PROMPTS[1]}]
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
-    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=0, stream=True
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream)
     assert text == whole.choices[0].message.content
 
@@ -148,7 +152,9 @@ def test_n_choices_are_distinct_samples(client, model):
     assert all(c.finish_reason in ("stop", "length") for c in reply.choices)
     assert len({c.text for c in reply.choices}) > 1
     assert reply.usage.completion_tokens > 3 and reply.usage.prompt_tokens == 4  # the prompt counts once
-    stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, n=3, seed=5, stream=True)
+    stream = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, n=3, seed=5, stream=True
+    )
     streamed = ["", "", ""]
     for chunk in stream:
         streamed[chunk.choices[0].index] += chunk.choices[0].text
@@ -196,7 +202,9 @@ def test_64_concurrent_streams_equal_offline_generate(server, model, llm, load):
     offline = llm.generate(prompts, sp(temperature=0, max_tokens=6))
 
     async def one(aclient, prompt):
-        stream = await aclient.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, stream=True)
+        stream = await aclient.completions.create(
+            model=model, prompt=prompt, max_tokens=6, temperature=0, stream=True
+        )
         text, reason = "", None
         async for chunk in stream:
             text += chunk.choices[0].text
@@ -204,7 +212,9 @@ def test_64_concurrent_streams_equal_offline_generate(server, model, llm, load):
         return text, reason
 
     async def all_of_them():
-        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300) as aclient:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300
+        ) as aclient:
             return await asyncio.gather(*(one(aclient, p) for p in prompts))
 
     served = asyncio.run(all_of_them())
@@ -213,7 +223,9 @@ def test_64_concurrent_streams_equal_offline_generate(server, model, llm, load):
 
 def test_metrics_report_the_engine(server, client, model):
     before = _metrics(server)
-    client.completions.create(model=model, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=model, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = _metrics(server)
     assert after["generation_tokens_total"] - before["generation_tokens_total"] == 5
     assert after["time_to_first_token_seconds_count"] == before["time_to_first_token_seconds_count"] + 1
@@ -294,7 +306,9 @@ def test_bad_input_never_disturbs_a_request_in_flight(server, client, model, llm
     sp = load("engine.sampling_params").SamplingParams
     kwargs = dict(model=model, prompt="The history of the printing press", max_tokens=24, temperature=0)
     result = {}
-    runner = threading.Thread(target=lambda: result.update(text=client.completions.create(**kwargs).choices[0].text))
+    runner = threading.Thread(
+        target=lambda: result.update(text=client.completions.create(**kwargs).choices[0].text)
+    )
     runner.start()
     for bad in ({"model": "nope"}, {"temperature": -2}, {"prompt": "word " * 2000}, {"n": -1}):
         with pytest.raises(openai.APIStatusError):
@@ -318,11 +332,16 @@ def test_a_burst_beyond_the_kv_budget_queues_and_completes(server, client, model
         nonlocal peak_waiting, peak_used
         while not done.is_set():
             m = _metrics(server)
-            peak_waiting, peak_used = max(peak_waiting, m["num_requests_waiting"]), max(peak_used, m["kv_blocks_used"])
+            peak_waiting, peak_used = (
+                max(peak_waiting, m["num_requests_waiting"]),
+                max(peak_used, m["kv_blocks_used"]),
+            )
             time.sleep(0.05)
 
     async def all_of_them():
-        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300) as aclient:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300
+        ) as aclient:
             calls = [
                 aclient.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0)
                 for p in prompts[:burst]

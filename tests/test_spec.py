@@ -63,7 +63,10 @@ def test_speculative_sampling_preserves_the_target_distribution(load, determinis
     rejection = load("speculative.rejection")
     vocab, length, num = 5, 3, 12000
     gen = torch.Generator().manual_seed(1)
-    p_logits, q_logits = torch.randn(vocab, vocab, generator=gen) * 1.5, torch.randn(vocab, vocab, generator=gen)
+    p_logits, q_logits = (
+        torch.randn(vocab, vocab, generator=gen) * 1.5,
+        torch.randn(vocab, vocab, generator=gen),
+    )
     p_table = rejection.target_probs(p_logits, temperature=0.8, top_k=4, top_p=0.95)
     q_table = torch.softmax(q_logits, -1)
     samples = speculative_markov_samples(rejection, p_table, q_table, 2, length, num, deterministic, gen)
@@ -102,7 +105,9 @@ def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
         f"greedy: next tokens {nxt.tolist()}, expected [4, 9]: after a rejection, the target's argmax at that "
         "position (4); after all three drafts, the bonus token from the last row (9)"
     )
-    num, nxt = rejection.verify(torch.tensor([[3, -1, -1], [8, -1, -1]]), probs, num_drafts=torch.tensor([1, 1]))
+    num, nxt = rejection.verify(
+        torch.tensor([[3, -1, -1], [8, -1, -1]]), probs, num_drafts=torch.tensor([1, 1])
+    )
     assert (num.tolist(), nxt.tolist()) == ([1, 0], [1, 7]), (
         f"one real draft each (num_drafts = 1, -1 padding after it): got {num.tolist()} accepted and next tokens "
         f"{nxt.tolist()}, expected [1, 0] and [1, 7], the target's choice right after the last real draft"
@@ -157,7 +162,9 @@ def test_padding_past_num_drafts_is_never_accepted(load, deterministic):
         f"accepted {num.tolist()} drafts for requests that drafted [1, 0] (num_drafts): positions at or past "
         "num_drafts[b] are padding; mask them out of the accepted run"
     )
-    assert nxt.tolist() == [0, 0], f"next tokens {nxt.tolist()}: the target's choice after the last real draft"
+    assert nxt.tolist() == [0, 0], (
+        f"next tokens {nxt.tolist()}: the target's choice after the last real draft"
+    )
 
 
 @pytest.mark.lab4
@@ -195,7 +202,9 @@ def test_tree_walk_follows_the_target_and_is_exact(load):
     tree_mod = load("speculative.tree")
     tree = tree_mod.DraftTree(token_ids=[9, 1, 2, 3, 4, 5], parents=[-1, 0, 0, 1, 1, 4], log_probs=[0.0] * 6)
     greedy = torch.zeros(6, 8)
-    for node, best in enumerate([1, 4, 0, 0, 5, 6]):  # root -> 1 (node a), a -> 4 (node d), d -> 5 (node e), e -> 6
+    for node, best in enumerate(
+        [1, 4, 0, 0, 5, 6]
+    ):  # root -> 1 (node a), a -> 4 (node d), d -> 5 (node e), e -> 6
         greedy[node, best] = 1.0
     assert tree_mod.walk_tree(tree, greedy) == ([1, 4, 5], 6)
     assert tree_mod.walk_greedy(tree, greedy.argmax(-1).tolist()) == ([1, 4, 5], 6)
@@ -220,7 +229,9 @@ def test_tree_walk_follows_the_target_and_is_exact(load):
 def test_grow_tree_keeps_the_most_probable_nodes_parent_first(load):
     tree_mod = load("speculative.tree")
     gen = torch.Generator().manual_seed(0)
-    table = torch.log_softmax(torch.randn(16, 16, generator=gen) * 2, -1)  # a toy draft: next token given token
+    table = torch.log_softmax(
+        torch.randn(16, 16, generator=gen) * 2, -1
+    )  # a toy draft: next token given token
     calls = []
 
     def expand(frontier, tokens, parents):
@@ -289,10 +300,15 @@ def test_greedy_speculative_decoding_equals_plain_greedy(load, method):
         if method == "ngram":
             d, nodes = drafter.NgramDrafter(4), 0
         else:
-            d, nodes = drafter.EagleDrafter(head, 3, tree_depth=3, tree_top_k=3), (6 if method == "eagle-tree" else 0)
+            d, nodes = (
+                drafter.EagleDrafter(head, 3, tree_depth=3, tree_top_k=3),
+                (6 if method == "eagle-tree" else 0),
+            )
         result = loop.speculative_generate(model, d, prompt, 20, tree_nodes=nodes)
         assert result.token_ids == plain_greedy(model, prompt, 20), (method, prompt)
-        assert 1 + sum(result.per_pass) >= 20 and min(result.per_pass) >= 1  # the prefill gave the first token
+        assert (
+            1 + sum(result.per_pass) >= 20 and min(result.per_pass) >= 1
+        )  # the prefill gave the first token
         accepted += sum(result.per_pass) - len(result.per_pass)
     print(method, "drafts accepted:", accepted)
 
@@ -311,7 +327,9 @@ def test_draft_kv_tree_mask_matches_separate_chains(load):
     for row in range(2):
         alone = eagle.DraftKV()
         head(feats[:3], ids[:3], torch.arange(3), alone.attend(["s"], [3]))
-        single = head(feats[3 + row : 4 + row], ids[3 + row : 4 + row], torch.tensor([3]), alone.attend(["s"], [1]))
+        single = head(
+            feats[3 + row : 4 + row], ids[3 + row : 4 + row], torch.tensor([3]), alone.attend(["s"], [1])
+        )
         torch.testing.assert_close(out[row : row + 1], single)
 
 
@@ -326,7 +344,9 @@ def test_bad_spec_options_fail_clearly(load, tmp_path):
     path = tmp_path / "head.safetensors"
     eagle.save_head(head, path, {"seed": "0"})
     other = tiny_llama(load)
-    other.config = type(model.config)(**{**model.config.__dict__, "hidden_size": 64, "num_heads": 8, "head_dim": 8})
+    other.config = type(model.config)(
+        **{**model.config.__dict__, "hidden_size": 64, "num_heads": 8, "head_dim": 8}
+    )
     with pytest.raises(ValueError, match="does not fit the model"):
         eagle.load_head(other, path)
     with pytest.raises(FileNotFoundError, match="train one"):
@@ -353,10 +373,14 @@ def test_training_prompts_are_the_tools_and_never_held_back():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    check = subprocess.run([sys.executable, "tools/make_spec_prompts.py", "--check"], cwd=root, capture_output=True)
+    check = subprocess.run(
+        [sys.executable, "tools/make_spec_prompts.py", "--check"], cwd=root, capture_output=True
+    )
     assert check.returncode == 0, check.stdout.decode()
     spec = root / "data" / "spec"
-    read = lambda name: [json.loads(line)["prompt"] for line in (spec / name).read_text().splitlines() if line]
+    read = lambda name: [
+        json.loads(line)["prompt"] for line in (spec / name).read_text().splitlines() if line
+    ]
     train = read("prompts.jsonl") + read("prompts_templated.jsonl")
     assert len(train) == len(set(train)), "a training prompt appears twice"
     assert not set(train) & set(read("heldout.jsonl")), "a held-back prompt is in the training set"
@@ -371,7 +395,9 @@ class _ScriptedDrafter:
         self.known = 0
 
     def observe(self, request_id, features, first_position):
-        assert first_position == self.known and features.shape[0] >= 1, "features arrive in order, none skipped"
+        assert first_position == self.known and features.shape[0] >= 1, (
+            "features arrive in order, none skipped"
+        )
         self.known += features.shape[0]
 
     def _upcoming(self, token_ids):

@@ -69,7 +69,11 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
     while len(request.output_token_ids) < 24 and not request.finished:
         engine.step()
     metrics = request.group.metrics
-    assert 0 < metrics.num_verified_tokens < metrics.num_verify_passes * (1 + engine.config.num_speculative_tokens)
+    assert (
+        0
+        < metrics.num_verified_tokens
+        < metrics.num_verify_passes * (1 + engine.config.num_speculative_tokens)
+    )
     captured = {}
     execute = engine.runner.execute
 
@@ -114,7 +118,10 @@ def test_shipped_head_loads_and_matches_its_checksum(load, llm):
     "options, message",
     [
         (dict(speculative="medusa"), "speculative must be None or one of"),
-        (dict(speculative="ngram", num_speculative_tokens=0), "num_speculative_tokens must be an integer >= 1"),
+        (
+            dict(speculative="ngram", num_speculative_tokens=0),
+            "num_speculative_tokens must be an integer >= 1",
+        ),
         (dict(speculative="ngram", speculative_tree_nodes=8), "draft trees need speculative='eagle'"),
         (dict(speculative="eagle", speculative_tree_nodes=-1), "speculative_tree_nodes must be >= 0"),
     ],
@@ -145,7 +152,9 @@ def test_eagle_drafts_for_an_awq_target(load, chats):
     plain = [o.outputs[0].token_ids for o in LLM(**awq).generate(chats[:2], params)]
     spec = LLM(**awq, **METHODS["eagle-tree"]).generate(chats[:2], params)
     assert [o.outputs[0].token_ids for o in spec] == plain
-    assert max(o.metrics.mean_acceptance_length for o in spec) > 1.0, "the head accepted no draft on the AWQ target"
+    assert max(o.metrics.mean_acceptance_length for o in spec) > 1.0, (
+        "the head accepted no draft on the AWQ target"
+    )
 
 
 def test_a_loaded_head_drafts_through_the_fastest_cpu_product(load, llm):

@@ -24,14 +24,22 @@ LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3
 FAMILIES = {
     "gpt-2": (GPT2_BYTE_LEVEL, False),
     "smollm": (
-        {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2_BYTE_LEVEL]},
+        {
+            "type": "Sequence",
+            "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2_BYTE_LEVEL],
+        },
         False,
     ),
     "llama-bpe": (
         {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": LLAMA3_REGEX},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
             ],
         },
@@ -90,7 +98,10 @@ def write_hf_folder(folder: Path, tokenizer, family: str, add_bos: bool) -> Path
     if add_bos:
         spec["post_processor"] = {
             "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": BOS_TEXT, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "single": [
+                {"SpecialToken": {"id": BOS_TEXT, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
             "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [bos_id], "tokens": [BOS_TEXT]}},
         }

@@ -107,7 +107,9 @@ def first_lines(error: BaseException, limit: int = 300) -> str:
     text = str(error).strip()
     if isinstance(error, AssertionError):
         message = text.split("\nassert ")[0].strip()
-        text = message if message and not message.startswith("assert ") else text.splitlines()[0] if text else ""
+        text = (
+            message if message and not message.startswith("assert ") else text.splitlines()[0] if text else ""
+        )
         text = text or "assertion failed (no message)"
     else:
         text = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
@@ -135,11 +137,14 @@ def engine_labs() -> tuple[list[str], list[str]]:
     """The labs whose modules ``from labs import LLM`` imports (module level, from llm.py on), and the labs
     loaded only inside a function (an option that needs them: quantization, the Triton backend, ...)."""
     lab_of_module = {
-        ".".join(Path(p.path).relative_to("solutions").with_suffix("").parts): p.lab for p in make_labs.all_holes()
+        ".".join(Path(p.path).relative_to("solutions").with_suffix("").parts): p.lab
+        for p in make_labs.all_holes()
     }
     always = import_closure("llm", module_level_only=True)
     anywhere = import_closure("llm", module_level_only=False)
-    labs_of = lambda modules: sorted({lab_of_module[m] for m in modules if m in lab_of_module}, key=int_or_text)
+    labs_of = lambda modules: sorted(
+        {lab_of_module[m] for m in modules if m in lab_of_module}, key=int_or_text
+    )
     return labs_of(always), [lab for lab in labs_of(anywhere) if lab not in labs_of(always)]
 
 
@@ -201,16 +206,22 @@ def report(lab: str, outcome: Outcome, holes: list[make_labs.Hole], stale: list[
     for failure in outcome.unloadable:
         lines.append(f"  could not load {failure.test} (its lab{lab} tests did not run): {failure.message}")
     for path in stale:
-        lines.append(f"  {path.relative_to(ROOT)} differs from its generated file outside the holes: `make labs`")
+        lines.append(
+            f"  {path.relative_to(ROOT)} differs from its generated file outside the holes: `make labs`"
+        )
     nudges = {h.nudge: h for h in make_labs.all_holes()}
     for hole in holes:
-        waiting = next((tests for nudge, tests in outcome.waiting.items() if nudge.startswith(hole.nudge)), [])
+        waiting = next(
+            (tests for nudge, tests in outcome.waiting.items() if nudge.startswith(hole.nudge)), []
+        )
         tests = (
             f"{len(waiting)} test{' waits' if len(waiting) == 1 else 's wait'} on it"
             if waiting
             else "no test reached it"
         )
-        lines.append(f"  to write: {hole.function:<32} labs/{hole.path.removeprefix('solutions/')}  ({tests})")
+        lines.append(
+            f"  to write: {hole.function:<32} labs/{hole.path.removeprefix('solutions/')}  ({tests})"
+        )
     for nudge, tests in outcome.waiting.items():  # a hole of another lab (a labs/ file changed by hand?)
         if not any(nudge.startswith(h.nudge) for h in holes):
             hole = next((h for n, h in nudges.items() if nudge.startswith(n)), None)
@@ -237,7 +248,8 @@ def report(lab: str, outcome: Outcome, holes: list[make_labs.Hole], stale: list[
 def passed_lines(lab: str) -> list[str]:
     notebook = next(iter(sorted((ROOT / "notebooks").glob(f"{lab.zfill(2)}_*.ipynb"))), None)
     lines = [
-        f"Lab {lab} passes." + (f' IMPL = "labs" in {notebook.name} now runs your Lab {lab} code.' if notebook else "")
+        f"Lab {lab} passes."
+        + (f' IMPL = "labs" in {notebook.name} now runs your Lab {lab} code.' if notebook else "")
     ]
     always, optional = engine_labs()
     todo = {h.lab for h in unwritten_holes()[0]}
@@ -263,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     named = [a for a in pytest_extra if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
     pytest_args = [*([] if named else [str(ROOT / "tests")]), "--impl", "labs", "-m", f"lab{args.lab}"]
     pytest_args += ["-p", "no:cacheprovider"]
-    pytest_args.append("--continue-on-collection-errors")  # a broken test file must not hide the others' results
+    pytest_args.append(
+        "--continue-on-collection-errors"
+    )  # a broken test file must not hide the others' results
     pytest_extra = [str(ROOT / a) if a in named else a for a in pytest_extra]
     pytest_args += ["--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *pytest_extra]
     if args.verbose:

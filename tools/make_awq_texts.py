@@ -77,7 +77,16 @@ DOCSTRING_MODULES = [
     "unittest",
 ]
 CODE_MODULES = ["textwrap.py", "bisect.py", "shlex.py", "queue.py"]
-EVAL_REFERENCE_TOPICS = ["assignment", "class", "compound", "exceptions", "function", "import", "naming", "types"]
+EVAL_REFERENCE_TOPICS = [
+    "assignment",
+    "class",
+    "compound",
+    "exceptions",
+    "function",
+    "import",
+    "naming",
+    "types",
+]
 EVAL_CODE_MODULES = ["fractions.py", "statistics.py"]
 CHAT_TOKENS = 160
 
@@ -87,7 +96,8 @@ def chat_replies() -> list[str]:
 
     llm = LLM(device="cpu", dtype="float32", max_num_seqs=len(CHAT_PROMPTS), max_model_len=512)
     outs = llm.chat(
-        [[{"role": "user", "content": p}] for p in CHAT_PROMPTS], SamplingParams(temperature=0, max_tokens=CHAT_TOKENS)
+        [[{"role": "user", "content": p}] for p in CHAT_PROMPTS],
+        SamplingParams(temperature=0, max_tokens=CHAT_TOKENS),
     )
     return [f"Q: {p}\nA: {o.outputs[0].text.strip()}" for p, o in zip(CHAT_PROMPTS, outs)]
 
@@ -124,7 +134,9 @@ def main() -> None:
 
     calibration = interleave(chat_replies(), docstrings(), code(CODE_MODULES))
     (TEXT / "awq_calibration_mix.txt").write_text(calibration)
-    (TEXT / "eval_python_reference.txt").write_text("\n\n".join(topics[t][:5000] for t in EVAL_REFERENCE_TOPICS))
+    (TEXT / "eval_python_reference.txt").write_text(
+        "\n\n".join(topics[t][:5000] for t in EVAL_REFERENCE_TOPICS)
+    )
     (TEXT / "eval_python_code.txt").write_text("\n\n".join(code(EVAL_CODE_MODULES, limit=20000)))
     for f in ("awq_calibration_mix.txt", "eval_python_reference.txt", "eval_python_code.txt"):
         print(f, len((TEXT / f).read_text()), "chars")

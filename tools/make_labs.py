@@ -240,7 +240,9 @@ def labs_state() -> LabsState:
 def describe_filled(filled: dict[Path, list[Hole]]) -> str:
     labs = sorted({h.lab for holes in filled.values() for h in holes})
     names = ", ".join(f"{h.function} (Lab {h.lab})" for holes in filled.values() for h in holes)
-    return f"labs/ holds your own code in: {names}. Grade it with " + " / ".join(f"`make grade LAB={n}`" for n in labs)
+    return f"labs/ holds your own code in: {names}. Grade it with " + " / ".join(
+        f"`make grade LAB={n}`" for n in labs
+    )
 
 
 def print_hints(lab: str, tier: int) -> int:
@@ -270,10 +272,16 @@ def print_hints(lab: str, tier: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if labs/ is out of date; write nothing")
-    parser.add_argument("--allow-filled", action="store_true", help="with --check: accept holes the learner filled in")
-    parser.add_argument("--force", action="store_true", help="overwrite labs/ files even where holes are filled in")
+    parser.add_argument(
+        "--allow-filled", action="store_true", help="with --check: accept holes the learner filled in"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="overwrite labs/ files even where holes are filled in"
+    )
     parser.add_argument("--hints", metavar="LAB", help="print the opt-in hints of one lab instead of writing")
-    parser.add_argument("--tier", type=int, default=1, help="with --hints: how many tiers to show (default 1)")
+    parser.add_argument(
+        "--tier", type=int, default=1, help="with --hints: how many tiers to show (default 1)"
+    )
     args = parser.parse_args()
     if args.hints is not None:
         return print_hints(args.hints, args.tier)
@@ -304,7 +312,9 @@ def main() -> int:
         path.unlink()
     print(f"wrote {len(written)} file(s), removed {len(state.extra)} under labs/")
     if keep:
-        print(f"kept {len(keep)} file(s) with your filled-in holes ({describe_filled(keep)}); --force overwrites them")
+        print(
+            f"kept {len(keep)} file(s) with your filled-in holes ({describe_filled(keep)}); --force overwrites them"
+        )
     return 0
 
 

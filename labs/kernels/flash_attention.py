@@ -93,7 +93,9 @@ def _flash_fwd(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < q_len, other=0.0)
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < q_len, other=0.0
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

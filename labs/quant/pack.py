@@ -23,7 +23,9 @@ BITS = 4
 def pack_int4(values: torch.Tensor) -> torch.Tensor:
     """``values`` ``[..., K]`` integers in [0, 15], ``K % 8 == 0`` -> int32 ``[..., K // 8]``."""
     if values.shape[-1] % VALUES_PER_WORD:
-        raise ValueError(f"the last dimension ({values.shape[-1]}) must be a multiple of {VALUES_PER_WORD} to pack")
+        raise ValueError(
+            f"the last dimension ({values.shape[-1]}) must be a multiple of {VALUES_PER_WORD} to pack"
+        )
     if values.numel() and (int(values.min()) < 0 or int(values.max()) > 15):
         raise ValueError(f"4-bit values must lie in [0, 15]; got [{int(values.min())}, {int(values.max())}]")
     raise NotImplementedError('Lab 6: element k goes to word k // 8 at bit 4 * (k % 8); return int32 words (hints: make hint LAB=6)')

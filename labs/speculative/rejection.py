@@ -22,7 +22,9 @@ from ..engine.sampler import sampling_probs
 from ..engine.sampling_params import SamplingParams
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def target_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """The distribution the plain sampler draws from, for each row of ``logits`` ``[N, V]`` (float32).
 
     Temperature 0 gives one-hot rows at the argmax; otherwise softmax of the top-k / top-p filtered
@@ -54,7 +56,9 @@ def verify(
     """
     batch, k = draft_token_ids.shape
     if target_probs.shape[:2] != (batch, k + 1):
-        raise ValueError(f"target_probs must be [B, K + 1, V] = [{batch}, {k + 1}, V], got {tuple(target_probs.shape)}")
+        raise ValueError(
+            f"target_probs must be [B, K + 1, V] = [{batch}, {k + 1}, V], got {tuple(target_probs.shape)}"
+        )
     if draft_probs is not None and draft_probs.shape != (batch, k, target_probs.shape[2]):
         raise ValueError(
             f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, got {tuple(draft_probs.shape)}"

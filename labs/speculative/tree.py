@@ -72,7 +72,9 @@ def tree_positions(parents: list[int], root_position: int) -> torch.Tensor:
     return root_position + torch.tensor(depths, dtype=torch.long)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
     """Grouped-query attention with an explicit mask: q ``[Tq, Hq, D]``, k/v ``[Lk, Hkv, D]``, visible ``[Tq, Lk]``.
 
     Softmax in float32; returns ``[Tq, Hq, D]`` in q's dtype. Every row must see at least one key.
@@ -167,7 +169,9 @@ def walk_tree(
                 break
             p[token] = 0.0
         else:
-            if p.sum() <= 0:  # every token the target allows was drafted and rejected: impossible in exact arithmetic
+            if (
+                p.sum() <= 0
+            ):  # every token the target allows was drafted and rejected: impossible in exact arithmetic
                 p = target_probs[node].float().cpu()
             top = int(p.argmax())
             token = top if p[top] >= p.sum() else int(torch.multinomial(p, 1, generator=generator))
@@ -207,19 +211,29 @@ class TreeAttention:
     """
 
     def __init__(
-        self, paged, k_cache: torch.Tensor, v_cache: torch.Tensor, trees: list[tuple[slice, torch.Tensor, torch.Tensor]]
+        self,
+        paged,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        trees: list[tuple[slice, torch.Tensor, torch.Tensor]],
     ):
         self.paged, self.k_cache, self.v_cache = paged, k_cache, v_cache
         slot_mapping = paged.meta.slot_mapping
         with_slot, self.slots = kept_slots(slot_mapping)
         # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
-        self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(self.slots)
+        self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(
+            self.slots
+        )
         self.trees = []
         for rows, context_slots, mask in trees:
             slots = torch.cat([context_slots.long(), slot_mapping[rows].long()])
-            visible = torch.cat([torch.ones(mask.shape[0], len(context_slots), dtype=torch.bool), mask], dim=1)
+            visible = torch.cat(
+                [torch.ones(mask.shape[0], len(context_slots), dtype=torch.bool), mask], dim=1
+            )
             additive = torch.zeros(visible.shape, dtype=k_cache.dtype).masked_fill_(~visible, float("-inf"))
-            first = first_of_run(slots) if slots.device.type == "cpu" else None  # reading GPU values would sync
+            first = (
+                first_of_run(slots) if slots.device.type == "cpu" else None
+            )  # reading GPU values would sync
             self.trees.append((rows, slots, first, additive.to(slots.device)))
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

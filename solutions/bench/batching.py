@@ -32,7 +32,9 @@ def measure_batch_speed(
     warm-up batch of the same shape: the first call at a new number of rows pays one-time costs (on CPU each
     linear makes its weight layout for that many rows on first use), which are not the engine's speed."""
     if batch_size < 1 or batch_size > llm.engine.config.max_num_seqs:
-        raise ValueError(f"batch_size must be in [1, max_num_seqs={llm.engine.config.max_num_seqs}], got {batch_size}")
+        raise ValueError(
+            f"batch_size must be in [1, max_num_seqs={llm.engine.config.max_num_seqs}], got {batch_size}"
+        )
     warm_up = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     llm.generate([prompt] * batch_size, warm_up, use_tqdm=False)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)

@@ -23,7 +23,9 @@ PROMPT = "The history of the printing press begins"
 
 def _hf_generate(model, ids: torch.Tensor, new_tokens: int) -> None:
     with torch.inference_mode():
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=2)
+        model.generate(
+            ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=2
+        )
 
 
 def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
@@ -108,7 +110,9 @@ def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
     """Median time to first token of one prompt (prefill + one sampled token). ``llm`` must not cache prefixes:
     every repeat has to compute the whole prompt."""
     if llm.engine.config.enable_prefix_caching:
-        raise ValueError("prefill_seconds needs an LLM with enable_prefix_caching=False (repeats would hit the cache)")
+        raise ValueError(
+            "prefill_seconds needs an LLM with enable_prefix_caching=False (repeats would hit the cache)"
+        )
     from ..engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -122,11 +126,15 @@ def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench decode", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench decode", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement")
+    parser.add_argument(
+        "--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement"
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-weights row")
     parser.add_argument(
@@ -153,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     max_len = max(args.tokens, args.prefill_tokens) + 64
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     # No prefix caching: the prefill measurement repeats one prompt, which would otherwise be served from the cache.
-    llm = LLM(device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False)
+    llm = LLM(
+        device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False
+    )
     runs = {f"fast-mode engine {args.dtype}": lambda n: llm.generate(PROMPT, greedy(n))}
     bf16 = None
     if args.dtype == "float32" and not args.no_bf16 and PATHS["onednn"].supports(torch.bfloat16):

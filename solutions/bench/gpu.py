@@ -182,7 +182,9 @@ def measure_sweep(models: ShapeModels, section: Section) -> None:
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
 
 
-def bench_shape(report: Report, name: str, device: str, sizes: Sizes, sections: list[str], max_num_seqs: int) -> None:
+def bench_shape(
+    report: Report, name: str, device: str, sizes: Sizes, sections: list[str], max_num_seqs: int
+) -> None:
     """Every selected section of one shape, in order, within the run's deadline less the spec rows' share."""
     reserve = SPEC_RESERVE_S if "spec" in sections else 0.0
     shape_out = report.data.setdefault("shapes", {}).setdefault(name, {})
@@ -213,7 +215,9 @@ def bench_shape(report: Report, name: str, device: str, sizes: Sizes, sections: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench gpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench gpu", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--shapes",
         "--shape",
@@ -230,14 +234,28 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION",
         help=f"any of {', '.join(SECTIONS)} (default: all)",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement"
+    )
     parser.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda when present)")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep")
-    parser.add_argument("--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)")
-    parser.add_argument("--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)")
-    parser.add_argument("--time-limit", type=float, default=470, help="seconds; later sections are skipped past it")
-    parser.add_argument("--out", default="results", help="folder for the JSON and markdown (default: results)")
-    parser.add_argument("--commit", default=None, help="the commit measured (default: git describe, when in git)")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)"
+    )
+    parser.add_argument(
+        "--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)"
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=470, help="seconds; later sections are skipped past it"
+    )
+    parser.add_argument(
+        "--out", default="results", help="folder for the JSON and markdown (default: results)"
+    )
+    parser.add_argument(
+        "--commit", default=None, help="the commit measured (default: git describe, when in git)"
+    )
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -261,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if "bandwidth" in args.sections:
-        copy = lambda sec: sec.out.update(measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats))
+        copy = lambda sec: sec.out.update(
+            measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats)
+        )
         report.section(report.data, "bandwidth", BUDGET_S["bandwidth"], copy)
     for name in shapes if set(args.sections) & {"decode", "profile", "sweep", "throughput"} else []:
         bench_shape(report, name, device, sizes, args.sections, args.max_num_seqs)

@@ -106,7 +106,9 @@ class ShapeModels:
             shape=self.name,
             source=self.shape.source,
             config=self.shape.hf_config(),
-            weights="its Q4_1 weights dequantized to bfloat16" if self.name == "bundled" else "random bfloat16 weights",
+            weights="its Q4_1 weights dequantized to bfloat16"
+            if self.name == "bundled"
+            else "random bfloat16 weights",
             weight_bytes=self.shape.weight_bytes(),
             write_s=time.perf_counter() - start,
             dtype=self.dtype,
@@ -122,7 +124,13 @@ class ShapeModels:
         shape = self.shape
         total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
         hf_cache = (
-            self.sizes.hf_batch * self.max_model_len * 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
+            self.sizes.hf_batch
+            * self.max_model_len
+            * 2
+            * shape.num_layers
+            * shape.num_kv_heads
+            * shape.head_dim
+            * 2
         )
         each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
         return int(min(max(each, 2 << 30), 40 << 30))

@@ -48,8 +48,12 @@ def sample_request_mix(num_requests: int, max_model_len: int = 2048, seed: int =
     mu = lambda mean: math.log(mean) - LENGTH_SIGMA**2 / 2  # a log-normal's mean is exp(mu + sigma^2 / 2)
     shapes = []
     for _ in range(num_requests):
-        prompt = min(max_model_len - 1, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_PROMPT), LENGTH_SIGMA))))
-        output = min(max_model_len - prompt, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_OUTPUT), LENGTH_SIGMA))))
+        prompt = min(
+            max_model_len - 1, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_PROMPT), LENGTH_SIGMA)))
+        )
+        output = min(
+            max_model_len - prompt, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_OUTPUT), LENGTH_SIGMA)))
+        )
         shapes.append(RequestShape(prompt, output))
     return shapes
 
@@ -161,7 +165,9 @@ def measure_prefix_ttft(llm, prefix_len: int = 1024, rounds: int = 5) -> PrefixT
         raise ValueError("measure_prefix_ttft needs an engine with enable_prefix_caching=True")
     shared = tokenizer.encode(SYSTEM_TEXT.read_text())[:prefix_len]
     if len(shared) < prefix_len:
-        raise ValueError(f"{SYSTEM_TEXT.name} has only {len(shared)} tokens, fewer than prefix_len={prefix_len}")
+        raise ValueError(
+            f"{SYSTEM_TEXT.name} has only {len(shared)} tokens, fewer than prefix_len={prefix_len}"
+        )
     vocab = llm.engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     question = lambda r: tokenizer.encode(f"\nQuestion {r}: who is speaking in this passage?")
@@ -188,7 +194,9 @@ def _print_ttft(args) -> float:
         f"({llm.engine.config.device}, {llm.engine.config.dtype}):"
     )
     print(f"  prefix not cached: {1e3 * uncached:8.1f} ms")
-    print(f"  prefix cached:     {1e3 * cached:8.1f} ms   ({statistics.median(result.hit_tokens)} tokens reused)")
+    print(
+        f"  prefix cached:     {1e3 * cached:8.1f} ms   ({statistics.median(result.hit_tokens)} tokens reused)"
+    )
     return result.speedup
 
 
@@ -256,10 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-seqs", type=int, default=32, help="budget, in sequences of max_model_len")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-ttft", action="store_true", help="skip the model (memory figures only)")
-    parser.add_argument("--prefix-len", type=int, default=1024, help="shared prefix tokens for the TTFT figure")
-    parser.add_argument("--rounds", type=int, default=5, help="cached and uncached requests measured, alternating")
+    parser.add_argument(
+        "--prefix-len", type=int, default=1024, help="shared prefix tokens for the TTFT figure"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="cached and uncached requests measured, alternating"
+    )
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--kv-cache-memory", type=int, default=512 << 20, help="KV cache bytes for the TTFT run")
+    parser.add_argument(
+        "--kv-cache-memory", type=int, default=512 << 20, help="KV cache bytes for the TTFT run"
+    )
     args = parser.parse_args(argv)
     print(f"machine: {machine_name()}")
     waste, ratio = _print_memory(args)

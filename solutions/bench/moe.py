@@ -186,8 +186,12 @@ def print_cpu_table(args) -> None:
         grouped, loop, dense = (ms[n] for n in names)
         times = "".join(f"{ms[n]:>26.3f}" for n in names)
         print(f"{tokens:>7}{times}{grouped / dense:>14.2f}x{loop / grouped:>13.2f}x{touched / TOP_K:>21.1f}x")
-    print("goal (CPU): the torch path within 1.5x of the dense FFN of the same active size. Where the batch's")
-    print("routing reads all experts (last column 4x) and the layer is memory-bound, no MoE path can meet it;")
+    print(
+        "goal (CPU): the torch path within 1.5x of the dense FFN of the same active size. Where the batch's"
+    )
+    print(
+        "routing reads all experts (last column 4x) and the layer is memory-bound, no MoE path can meet it;"
+    )
     print("it applies at batch 1 (the same bytes) and at compute-bound token counts (the same FLOPs).")
     for tokens, ms, _ in (rows[0], rows[-1]):
         ratio = ms[names[0]] / ms[names[2]]

@@ -32,13 +32,17 @@ def _params(workload: Workload) -> list[SamplingParams]:
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
 
 
-def run_with_arrivals(llm, workload: Workload, rate: float, seed: int = 0) -> tuple[list[RequestOutput], float]:
+def run_with_arrivals(
+    llm, workload: Workload, rate: float, seed: int = 0
+) -> tuple[list[RequestOutput], float]:
     """Submit each request at its Poisson arrival time and step the engine until all finish.
     Returns the final outputs in submission order and the wall time."""
     engine = llm.engine
     if engine.has_unfinished_requests():
         raise RuntimeError("the engine still has unfinished requests")
-    pending = list(zip(poisson_arrival_offsets(len(workload.prompts), rate, seed), workload.prompts, _params(workload)))
+    pending = list(
+        zip(poisson_arrival_offsets(len(workload.prompts), rate, seed), workload.prompts, _params(workload))
+    )
     ids: list[str] = []
     final: dict[str, RequestOutput] = {}
     start = time.perf_counter()
@@ -68,7 +72,10 @@ def run_static(llm, workload: Workload, batch_size: int) -> tuple[list[RequestOu
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), batch_size):
         batch = slice(first, first + batch_size)
-        ids = [engine.add_request(p, s, arrival_time=start) for p, s in zip(workload.prompts[batch], params[batch])]
+        ids = [
+            engine.add_request(p, s, arrival_time=start)
+            for p, s in zip(workload.prompts[batch], params[batch])
+        ]
         final: dict[str, RequestOutput] = {}
         while engine.has_unfinished_requests():
             final.update((o.request_id, o) for o in engine.step() if o.finished)

@@ -46,18 +46,27 @@ def _gpu_table(w_bit: int, group_size: int) -> None:
         g = quantize(weight, w_bit, group_size)
         qweight, scales = pack_int4(g.q), g.scales.half()
         fp16 = triton.testing.do_bench(lambda x=x, weight=weight: x @ weight.T)
-        w4 = triton.testing.do_bench(lambda x=x, g=g, q=qweight, s=scales: awq_gemm(x, q, s, g.zeros, group_size))
+        w4 = triton.testing.do_bench(
+            lambda x=x, g=g, q=qweight, s=scales: awq_gemm(x, q, s, g.zeros, group_size)
+        )
         nbytes = qweight.nbytes + scales.nbytes + g.zeros.nbytes
-        print(f"{f'{n} x {k}':<16}{fp16 * 1e3:>10.1f}{w4 * 1e3:>10.1f}{fp16 / w4:>9.2f}x{nbytes / w4 / 1e6:>12.0f}")
+        print(
+            f"{f'{n} x {k}':<16}{fp16 * 1e3:>10.1f}{w4 * 1e3:>10.1f}{fp16 / w4:>9.2f}x{nbytes / w4 / 1e6:>12.0f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench quant", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench quant", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")
     parser.add_argument(
-        "--activations", default="auto", choices=["auto", "float32", "bfloat16"], help="INT4 engines' activation dtype"
+        "--activations",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="INT4 engines' activation dtype",
     )
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per decode measurement")
     parser.add_argument("--repeats", type=int, default=3)
@@ -85,9 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     fp16_bytes = 2 * sum(p.numel() for p in llms["fp32"].engine.model.parameters())
     encode = llms["fp32"].tokenizer.encode
-    texts = {label: torch.tensor(encode(path.read_text())[: args.ppl_tokens]) for label, path in EVAL_TEXTS.items()}
+    texts = {
+        label: torch.tensor(encode(path.read_text())[: args.ppl_tokens]) for label, path in EVAL_TEXTS.items()
+    }
     ppl = {
-        (label, name): perplexity(llm.engine.model, ids) for label, ids in texts.items() for name, llm in llms.items()
+        (label, name): perplexity(llm.engine.model, ids)
+        for label, ids in texts.items()
+        for name, llm in llms.items()
     }
 
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -104,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {_cpu_name()}, {args.threads} threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}"
     )
     print(f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)")
-    print("'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared with)")
+    print(
+        "'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared with)"
+    )
     print(
         f"perplexity, first {args.ppl_tokens} tokens of each text, windows of 512 (none of them used in calibration):"
     )
@@ -112,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     for label in texts:
         fp32, rtn, awq = (ppl[(label, name)] for name in SETTINGS)
         ratio = (awq - fp32) / (rtn - fp32) if rtn != fp32 else float("nan")
-        print(f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}")
+        print(
+            f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}"
+        )
     print("goal: AWQ's gap <= 0.5 of RTN's on each text (paper, Llama-2-7B g128: 0.50)")
     print(f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}, engines alternating")
     print(f"{'setting':<24}{'weight MB':>11}{'vs fp16':>9}{'tokens/s':>10}{'vs fp32':>9}")
@@ -126,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if peer is None:
         print(LLAMA_CPP_MISSING)
     else:
-        print(f"AWQ INT4 vs llama.cpp Q4_1: {speeds['AWQ'] / speeds['llama.cpp Q4_1 (peer)']:.2f}x (goal >= 1)")
+        print(
+            f"AWQ INT4 vs llama.cpp Q4_1: {speeds['AWQ'] / speeds['llama.cpp Q4_1 (peer)']:.2f}x (goal >= 1)"
+        )
     step = 1 / speeds["AWQ"]
     nbytes = weight_bytes(awq_model)
     print(f"where an AWQ decode step goes (layer ops: {awq_model.ops.name}; timed part by part):")

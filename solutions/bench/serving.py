@@ -206,7 +206,9 @@ class OfflineRunner:
         from ..llm import LLM
 
         self.llm = LLM(**options)
-        self.chats = [self.llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        self.chats = [
+            self.llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts
+        ]
         self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         self.llm.generate(self.chats[: min(4, len(self.chats))], self.params, use_tqdm=False)  # warm-up
 
@@ -241,7 +243,11 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(13, 3.2))
     for ax, name in zip(axes, names):
         stats = summary[name]
-        ax.bar(["mean", "median", "p99"], [stats["mean_ms"], stats["median_ms"], stats["p99_ms"]], color="#4c72b0")
+        ax.bar(
+            ["mean", "median", "p99"],
+            [stats["mean_ms"], stats["median_ms"], stats["p99_ms"]],
+            color="#4c72b0",
+        )
         ax.set_title(name.upper())
         ax.set_ylabel("ms")
     rate = summary["config"]["request_rate"]
@@ -258,7 +264,9 @@ def machine() -> str:
     """The CPU model (from lscpu) and, when there is one, the GPU."""
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        cpu = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")
+        )
     except (OSError, StopIteration):
         cpu = platform.processor() or "unknown CPU"
     import torch
@@ -278,10 +286,16 @@ def _parse_slos(items: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench serving", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench serving", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--num-requests", type=int, default=200)
-    parser.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: inf)")
-    parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: all)")
+    parser.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: inf)"
+    )
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="most requests in flight (default: all)"
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (ignore_eos)")
     parser.add_argument("--goodput", nargs="*", default=[f"{k}:{v:g}" for k, v in DEFAULT_SLOS_MS.items()])
     parser.add_argument("--url", default=None, help="load a running server instead of starting one")
@@ -290,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/serving", help="writes OUT.json and OUT.png")
     parser.add_argument("--seed", type=int, default=0, help="seeds the Poisson arrival times")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="server and offline passes, alternating (figures pool all rounds)"
+        "--rounds",
+        type=int,
+        default=1,
+        help="server and offline passes, alternating (figures pool all rounds)",
     )
     add_engine_args(parser)
     args = parser.parse_args(argv)
@@ -304,7 +321,14 @@ def main(argv: list[str] | None = None) -> int:
         model = httpx.get(f"{url}/v1/models", headers=_auth(args.api_key)).json()["data"][0]["id"]
         return asyncio.run(
             run_load(
-                url, model, prompts, args.max_tokens, args.request_rate, args.max_concurrency, args.api_key, args.seed
+                url,
+                model,
+                prompts,
+                args.max_tokens,
+                args.request_rate,
+                args.max_concurrency,
+                args.api_key,
+                args.seed,
             )
         )
 
@@ -349,9 +373,13 @@ def main(argv: list[str] | None = None) -> int:
             "output_throughput": tokens / seconds,
             "request_throughput": args.rounds * len(prompts) / seconds,
         }
-        summary["server_over_offline"] = summary["output_throughput"] / summary["offline"]["output_throughput"]
+        summary["server_over_offline"] = (
+            summary["output_throughput"] / summary["offline"]["output_throughput"]
+        )
         summary["cpu_ms_per_output_token"] = {
-            side: 1e3 * sum(r[f"{side}_cpu_s"] for r in rounds) / sum(r[f"{key}_output_tokens"] for r in rounds)
+            side: 1e3
+            * sum(r[f"{side}_cpu_s"] for r in rounds)
+            / sum(r[f"{key}_output_tokens"] for r in rounds)
             for side, key in (("server", "server"), ("client", "server"), ("offline", "offline"))
         }
     out = Path(args.out)
@@ -377,7 +405,9 @@ def _print(s: dict[str, Any], out: Path) -> None:
     print(f"goodput ({slos}): {s['goodput']:.2f} req/s")
     for name in ("ttft", "tpot", "itl", "e2el"):
         st = s[name]
-        print(f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  p99 {st['p99_ms']:.1f}")
+        print(
+            f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  p99 {st['p99_ms']:.1f}"
+        )
     if "offline" in s:
         off = s["offline"]
         ratio = s["server_over_offline"]
@@ -399,6 +429,10 @@ def _print(s: dict[str, Any], out: Path) -> None:
             f"{cpu['offline'] / (cpu['server'] + cpu['client']):.3f}"
         )
         if ratio > 1.15:
-            print("  (the server cannot beat the engine it runs on: the machine's load changed between the two runs)")
-    print(f"goal: {s['completed'] + s['failed']} requests, none lost: {'met' if s['failed'] == 0 else 'NOT met'}")
+            print(
+                "  (the server cannot beat the engine it runs on: the machine's load changed between the two runs)"
+            )
+    print(
+        f"goal: {s['completed'] + s['failed']} requests, none lost: {'met' if s['failed'] == 0 else 'NOT met'}"
+    )
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")

@@ -28,7 +28,11 @@ GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 def _machine() -> str:
     with open("/proc/cpuinfo") as f:
         names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    cpu = torch.cuda.get_device_name() if torch.cuda.is_available() else (names[0] if names else platform.machine())
+    cpu = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else (names[0] if names else platform.machine())
+    )
     return f"{cpu}, {torch.get_num_threads()} threads"
 
 
@@ -37,14 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     from ..llm import LLM
     from ..speculative.eagle import DATA_DIR
 
-    parser = argparse.ArgumentParser(prog="python -m solutions bench spec", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench spec", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--prompts", type=int, default=6, help="held-back prompts to use (of 12)")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="chain length")
     parser.add_argument("--tree-nodes", type=int, default=8)
     parser.add_argument("--tree-depth", type=int, default=4)
     parser.add_argument("--tree-top-k", type=int, default=4, help="nodes expanded per depth")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--offline",
@@ -73,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     tree = methods[f"EAGLE tree {args.tree_nodes}"]
-    methods |= {"plain, AWQ INT4": dict(quantization="awq"), "EAGLE tree, AWQ INT4": dict(quantization="awq", **tree)}
+    methods |= {
+        "plain, AWQ INT4": dict(quantization="awq"),
+        "EAGLE tree, AWQ INT4": dict(quantization="awq", **tree),
+    }
     head = {"eagle_head": args.eagle_head} if args.eagle_head else {}
     engines = {
         name: LLM(
@@ -123,10 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:18s} | {speed:8.1f} | {speed / plain_speed:7.2f}x | {tau:5.2f}")
     print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
           f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
-    print(f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, {args.tree_nodes} nodes kept")
+    print(
+        f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, {args.tree_nodes} nodes kept"
+    )
     goal = f"goal: AWQ batch-1 >= {GOALS['vs_llama_cpp']}x llama.cpp Q4_1"
     if llama_cpp is None:
-        print(f"llama.cpp comparison ({goal}): not run, llama_cpp is not installed (pip install llama-cpp-python)")
+        print(
+            f"llama.cpp comparison ({goal}): not run, llama_cpp is not installed (pip install llama-cpp-python)"
+        )
     else:
         peer = tokens["llama.cpp Q4_1 (peer)"] / seconds["llama.cpp Q4_1 (peer)"]
         best = max((name for name in methods if "AWQ" in name), key=lambda name: tokens[name] / seconds[name])

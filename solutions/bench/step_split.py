@@ -43,7 +43,12 @@ def linear_seconds(model: nn.Module, rows: int = 1, repeats: int = 5, head_rows:
         n = head_rows if (head_rows is not None and i == len(linears) - 1) else rows
         inputs.setdefault((n, linear.in_features), torch.randn(n, linear.in_features, dtype=dtype))
     calls = [
-        (linear, inputs[(head_rows if head_rows is not None and i == len(linears) - 1 else rows, linear.in_features)])
+        (
+            linear,
+            inputs[
+                (head_rows if head_rows is not None and i == len(linears) - 1 else rows, linear.in_features)
+            ],
+        )
         for i, linear in enumerate(linears)
     ]
     best = float("inf")

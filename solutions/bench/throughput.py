@@ -77,7 +77,9 @@ def run_engine(llm, workload: Workload, name: str = "fast-mode engine", **sampli
     from ..engine.sampling_params import SamplingParams
 
     params = [
-        SamplingParams(max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0}))
+        SamplingParams(
+            max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
+        )
         for i, n in enumerate(workload.output_lens)
     ]
     start = time.perf_counter()
@@ -137,7 +139,9 @@ def compute_ceiling_tokens_per_s(model, batch: int = 512, repeats: int = 3) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench throughput", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench throughput", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--num-requests", type=int, default=24)
     parser.add_argument("--max-num-seqs", type=int, default=24)
     parser.add_argument("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
@@ -161,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.set_verbosity_error()
         path = bundled_model_path()
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
         results.append(run_hf_static(hf, workload, args.hf_batch, pad_id=llm.tokenizer.eos_token_id or 0))
     # The price of sampling: the same batch drawing every token from its top-p set instead of taking the argmax.
     # A fresh engine: the first one's prefix cache holds every prompt by now.
     fresh = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
-    results.append(run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95))
+    results.append(
+        run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95)
+    )
     flops, ceiling = compute_ceiling_tokens_per_s(llm.engine.model)
     ours = results[0]
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights")
@@ -176,10 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<40}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}")
     for r in results:
         ratio = ours.output_tokens_per_s / r.output_tokens_per_s
-        print(f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x")
+        print(
+            f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x"
+        )
     print("goals:")
     print(f"  >= 8x one-at-a-time:       {ours.output_tokens_per_s / results[1].output_tokens_per_s:.1f}x")
     if not args.no_hf:
-        print(f"  >= 4x HF static batching:  {ours.output_tokens_per_s / results[2].output_tokens_per_s:.1f}x")
-    print(f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} (total tokens/s over the ceiling)")
+        print(
+            f"  >= 4x HF static batching:  {ours.output_tokens_per_s / results[2].output_tokens_per_s:.1f}x"
+        )
+    print(
+        f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} (total tokens/s over the ceiling)"
+    )
     return 0

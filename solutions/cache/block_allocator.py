@@ -36,7 +36,9 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int):
         if num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (block 0 is the reserved null block), got {num_blocks}")
+            raise ValueError(
+                f"num_blocks must be >= 2 (block 0 is the reserved null block), got {num_blocks}"
+            )
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
         self._free: deque[int] = deque(range(1, num_blocks))
@@ -97,7 +99,11 @@ class BlockAllocator:
         """Put a held block (reference count 0, off the free list) back on the free list."""
         self._check(block)
         if self.ref_counts[block] != 0 or self._is_free[block]:
-            state = "already free" if self._is_free[block] else f"in use (reference count {self.ref_counts[block]})"
+            state = (
+                "already free"
+                if self._is_free[block]
+                else f"in use (reference count {self.ref_counts[block]})"
+            )
             raise ValueError(f"cannot release block {block}: it is {state}")
         self._free.append(block)
         self._is_free[block] = True
@@ -106,6 +112,8 @@ class BlockAllocator:
         if not isinstance(block, int) or isinstance(block, bool):
             raise ValueError(f"block ids are ints, got {block!r}")
         if block == NULL_BLOCK:
-            raise ValueError(f"block {NULL_BLOCK} is the reserved null block: it is never allocated, shared or freed")
+            raise ValueError(
+                f"block {NULL_BLOCK} is the reserved null block: it is never allocated, shared or freed"
+            )
         if not 0 < block < self.num_blocks:
             raise ValueError(f"block {block} is not one of this allocator's blocks 1..{self.num_blocks - 1}")

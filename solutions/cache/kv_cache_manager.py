@@ -179,7 +179,9 @@ class KVCacheManager:
             return
         tokens, size = request.all_token_ids, self.block_size
         for index in range(len(keys), num_full):
-            key = hash_block_tokens(keys[-1] if keys else ROOT_HASH, tokens[index * size : (index + 1) * size])
+            key = hash_block_tokens(
+                keys[-1] if keys else ROOT_HASH, tokens[index * size : (index + 1) * size]
+            )
             keys.append(key)
             if not self.prefix_cache.is_cached(table[index]):
                 self.prefix_cache.insert(key, table[index])
@@ -229,7 +231,9 @@ class KVCacheManager:
         head is what other requests are most likely to share).
         """
         if request.request_id not in self._tables:
-            raise ValueError(f"request {request.request_id!r} holds no blocks: freed twice, or never allocated")
+            raise ValueError(
+                f"request {request.request_id!r} holds no blocks: freed twice, or never allocated"
+            )
         self.cache_full_blocks(request)
         table = self._tables.pop(request.request_id)
         del self._keys[request.request_id]

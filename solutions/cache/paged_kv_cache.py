@@ -43,7 +43,9 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         """K and V of ``block_size`` tokens in every layer."""
         return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
@@ -52,7 +54,9 @@ class PagedKVCache:
         if not pairs:
             return
         pinned = self.k.device.type == "cuda"  # a pinned source copies without making the host wait
-        src, dst = (torch.tensor(c, pin_memory=pinned).to(self.k.device, non_blocking=True) for c in zip(*pairs))
+        src, dst = (
+            torch.tensor(c, pin_memory=pinned).to(self.k.device, non_blocking=True) for c in zip(*pairs)
+        )
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
 
@@ -93,7 +97,12 @@ class PagedAttention:
         check_slots_fit(meta.slot_mapping, cache.num_blocks * cache.block_size)
         self._with_slot, self._slots = kept_slots(meta.slot_mapping)
         self._step = TorchPagedStep(
-            meta.block_table, meta.query_start_loc, meta.seq_lens, cache.block_size, meta.max_seq_len, cache.k.dtype
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            cache.block_size,
+            meta.max_seq_len,
+            cache.k.dtype,
         )
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

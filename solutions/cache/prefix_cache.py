@@ -40,7 +40,11 @@ def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 
 
 def chain_block_hashes(
-    token_ids: Sequence[int], block_size: int, start: int = 0, parent: BlockHash = ROOT_HASH, stop: int | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    start: int = 0,
+    parent: BlockHash = ROOT_HASH,
+    stop: int | None = None,
 ) -> list[BlockHash]:
     """Keys of full blocks ``start, start + 1, ...`` of ``token_ids`` (block ``start - 1`` has key ``parent``).
 

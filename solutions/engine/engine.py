@@ -53,20 +53,30 @@ class Engine:
         weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
         self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
-        self.workers = None  # Lesson 9: the other tensor-parallel ranks' processes, when tensor_parallel_size > 1
+        self.workers = (
+            None  # Lesson 9: the other tensor-parallel ranks' processes, when tensor_parallel_size > 1
+        )
         if config.tensor_parallel_size > 1:
-            from ..parallel.executor import TensorParallelExecutor  # here, so a one-device engine starts no process
+            from ..parallel.executor import (
+                TensorParallelExecutor,
+            )  # here, so a one-device engine starts no process
 
-            self.workers = TensorParallelExecutor(config, weights)  # spawns the workers; rank 0's shard is its model
+            self.workers = TensorParallelExecutor(
+                config, weights
+            )  # spawns the workers; rank 0's shard is its model
             self.model = self.workers.model
         else:
             self.model = LlamaModel.from_state_dict(
                 weights.config, weights.state_dict, config.device, config.torch_dtype
             )
         if config.quantization and self.workers is None:
-            from ..quant.model import quantize_named_model  # here, so `python -m solutions.quant.awq` imports it once
+            from ..quant.model import (
+                quantize_named_model,
+            )  # here, so `python -m solutions.quant.awq` imports it once
 
-            quantize_named_model(self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size)
+            quantize_named_model(
+                self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size
+            )
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
         self.device = self.model.norm.weight.device
@@ -83,14 +93,20 @@ class Engine:
             config.max_num_batched_tokens,
             config.attention_backend,
         )
-        if self.workers is not None:  # every worker allocates the same KV blocks; each step reaches them first
+        if (
+            self.workers is not None
+        ):  # every worker allocates the same KV blocks; each step reaches them first
             self.workers.start(cache, self.runner)
         if self.device.type == "cuda" and not config.enforce_eager:
             self.runner.capture_decode_graphs(config.max_num_seqs)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
         self.speculator = None
         if config.speculative:
-            from ..speculative.speculator import Speculator  # Lesson 4; here, so the plain engine never loads a head
+            from ..speculative.speculator import (
+                Speculator,
+            )  # Lesson 4; here, so the plain engine never loads a head
 
             self.speculator = Speculator(config, self.model, self.kv, cache)
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
@@ -107,7 +123,9 @@ class Engine:
         dtype = self.model.norm.weight.dtype
         if dtype == torch.bfloat16 and not cfg.device.startswith("cuda"):
             dtype = torch.float32
-        per_block = PagedKVCache.bytes_per_block(c.num_layers, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype)
+        per_block = PagedKVCache.bytes_per_block(
+            c.num_layers, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype
+        )
         budget = cfg.kv_cache_memory
         if budget is None and cfg.device.startswith("cuda"):
             free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
@@ -231,7 +249,9 @@ class Engine:
             request_id = str(next(self._ids))
         elif request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
         return RequestGroup(request_id, text, token_ids, params, now, stop_ids)
 
     def _new_request(self, group: RequestGroup, index: int) -> Request:
@@ -239,7 +259,9 @@ class Engine:
         if self.tokenizer is None:
             detokenizer = NullDetokenizer()
         else:
-            detokenizer = IncrementalDetokenizer(self.tokenizer.backend, group.prompt_token_ids, group.params.stop)
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer.backend, group.prompt_token_ids, group.params.stop
+            )
         request = Request(request_id, group, index, detokenizer)
         group.requests.append(request)
         return request

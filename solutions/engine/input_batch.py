@@ -131,7 +131,9 @@ class InputBatch:
         self.max_num_tokens = max_num_tokens
         # A step holds at most one sequence per token; the running requests (forks of n > 1 completions may
         # outnumber max_num_seqs) grow the rows as needed, one doubling at a time.
-        largest = StepLayout(max_num_tokens, max_num_tokens, max(max_num_seqs, max_num_tokens), self.max_blocks)
+        largest = StepLayout(
+            max_num_tokens, max_num_tokens, max(max_num_seqs, max_num_tokens), self.max_blocks
+        )
         self.staging = StagingBuffer(largest.total, torch.int32, device)
         self._arange = np.arange(largest.num_seqs + 1, dtype=np.int32)
         self._layout_views: dict[StepLayout, tuple[list, list]] = {}
@@ -195,12 +197,18 @@ class InputBatch:
         if views is None:
             if len(self._layout_views) > 512:
                 self._layout_views.clear()
-            views = self._layout_views[layout] = (layout.split(self.staging.numpy), layout.split(self.staging.device))
+            views = self._layout_views[layout] = (
+                layout.split(self.staging.numpy),
+                layout.split(self.staging.device),
+            )
         return views
 
     def cache_slots(self, row: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The cache rows of ``positions`` of the request in ``row`` (or of each position's own row)."""
-        return self.block_table[row, positions // self.block_size] * self.block_size + positions % self.block_size
+        return (
+            self.block_table[row, positions // self.block_size] * self.block_size
+            + positions % self.block_size
+        )
 
     # -- one step ------------------------------------------------------------------------------------------
 
@@ -281,5 +289,11 @@ class InputBatch:
             table[batch:] = 0
         self.staging.send(layout.total)
         return StepInputs(
-            layout, *device_views, int(counts.max(initial=1)), int(seq_lens.max(initial=1)), spans, rows, computed
+            layout,
+            *device_views,
+            int(counts.max(initial=1)),
+            int(seq_lens.max(initial=1)),
+            spans,
+            rows,
+            computed,
         )

@@ -129,5 +129,10 @@ class RequestGroup:
     def output(self) -> RequestOutput:
         completions = [r.completion() for r in self.requests]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished, self.metrics.snapshot()
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            completions,
+            self.finished,
+            self.metrics.snapshot(),
         )

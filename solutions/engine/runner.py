@@ -58,7 +58,9 @@ class ModelRunner:
         self.attention_backend = attention_backend
         self.device = model.norm.weight.device
         self.max_model_len = max_model_len
-        self.batch = InputBatch(max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device)
+        self.batch = InputBatch(
+            max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device
+        )
         self.graphs: DecodeGraphs | None = None
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
@@ -88,7 +90,9 @@ class ModelRunner:
         tree_rows, positions = {}, {}
         for request in scheduled if trees else []:
             if request.request_id in trees:  # a token budget may cut a tree short: a prefix is still a tree
-                parents = tree_rows[request.request_id] = trees[request.request_id][: counts[request.request_id]]
+                parents = tree_rows[request.request_id] = trees[request.request_id][
+                    : counts[request.request_id]
+                ]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
         inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
         if self.step_broadcast is not None:  # the other ranks run this same forward on their shards
@@ -97,7 +101,9 @@ class ModelRunner:
         logits, hidden = self.forward(inputs, tree_specs)
         return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
 
-    def forward(self, inputs: StepInputs, tree_specs: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, inputs: StepInputs, tree_specs: list | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager forward pass over prepared inputs: ``(logits [N, vocab] float32, hidden [T, hidden])``.
         ``tree_specs``: ``TreeAttention``'s per-tree rows, context slots and masks (Lesson 4)."""
         meta = AttentionMetadata(
@@ -123,7 +129,9 @@ class ModelRunner:
     def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
         """``(rows of the tree in the flat batch, cache slots of its context, tree mask)`` per tree request."""
         specs = []
-        starts = np.concatenate([[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])])
+        starts = np.concatenate(
+            [[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])]
+        )
         for i, request in enumerate(plan.scheduled):
             parents = tree_rows.get(request.request_id)
             if parents is None:
@@ -156,7 +164,9 @@ class ModelRunner:
         """Capture one decode graph per batch bucket up to ``max_num_seqs`` (``graph_type``: ``CudaGraph`` on
         CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode steps then replay them."""
         if graph_type is CudaGraph and self.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them")
+            raise ValueError(
+                "CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them"
+            )
         buckets = batch_buckets(min(max_num_seqs, self.batch.max_num_tokens))
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
 
@@ -167,7 +177,9 @@ class ModelRunner:
             from ..kernels.paged_attention import tune_decode  # late: a Triton module
 
             heads = self.model.config.num_heads
-            tune_decode(self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads)
+            tune_decode(
+                self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads
+            )
         self.batch.prepare([], {}, self.kv, layout=self._bucket_layout(bucket))
 
     def _decode_forward(self, bucket: int) -> torch.Tensor:

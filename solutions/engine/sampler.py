@@ -68,14 +68,20 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
         out.index_copy_(0, rows, logits.index_select(0, rows))
     # Where rank width - 1 is dropped, so is every later one (the sets are prefixes); a top-k row holds all of
     # its k here. Only a top-p row that keeps its last candidate must be sorted whole.
-    maybe = [i for i, (k_i, p_i) in enumerate(zip(top_k, top_p)) if k_i == 0 and p_i < 1.0] if width < vocab else []
+    maybe = (
+        [i for i, (k_i, p_i) in enumerate(zip(top_k, top_p)) if k_i == 0 and p_i < 1.0]
+        if width < vocab
+        else []
+    )
     if maybe and device.type == "cpu":
         maybe = [i for i in maybe if torch.isfinite(kept[i, -1])]
     if maybe:
         rows = host_tensor(maybe, torch.int64, device)
         some = logits.index_select(0, rows)
         ranked, order = torch.sort(some, dim=-1, descending=True)
-        kept = _keep(ranked, k.index_select(0, rows), p.index_select(0, rows), some.logsumexp(dim=-1, keepdim=True))
+        kept = _keep(
+            ranked, k.index_select(0, rows), p.index_select(0, rows), some.logsumexp(dim=-1, keepdim=True)
+        )
         out.index_copy_(0, rows, torch.empty_like(ranked).scatter_(1, order, kept))
     return out
 
@@ -124,7 +130,9 @@ def row_uniforms(seeds: list[int | None], counters: list[int], device: torch.dev
     if any(seed is not None for seed in seeds):
         seeded = host_tensor([seed is not None for seed in seeds], torch.bool, device)
         keys = host_tensor([seed or 0 for seed in seeds], torch.int64, device)
-        uniform = torch.where(seeded, counter_uniforms(keys, host_tensor(counters, torch.int64, device)), uniform)
+        uniform = torch.where(
+            seeded, counter_uniforms(keys, host_tensor(counters, torch.int64, device)), uniform
+        )
     return uniform
 
 

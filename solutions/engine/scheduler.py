@@ -41,7 +41,9 @@ class Scheduler:
     """Invariants: a request is in exactly one of ``waiting`` (holds no blocks) or ``running`` (holds blocks
     for its ``num_computed`` tokens); ``running`` is in admission order."""
 
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(
+        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -114,7 +114,9 @@ def _flash_fwd(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < q_len, other=0.0)
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < q_len, other=0.0
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -132,8 +134,12 @@ def _flash_fwd(
     #  m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0)
+        k = tl.load(
+            k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0
+        )
+        v = tl.load(
+            v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=cols[:, None] < k_len, other=0.0
+        )
         s = _dot(q, tl.trans(k)) * qk_scale
         visible = cols[None, :] < k_len
         if CAUSAL:

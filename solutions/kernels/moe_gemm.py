@@ -232,7 +232,12 @@ def grouped_gemm(
 
 
 def check_moe_inputs(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, check_ids: bool
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    check_ids: bool,
 ) -> None:
     """Raise a ValueError naming the problem if the operands do not form one MoE layer.
 
@@ -244,9 +249,13 @@ def check_moe_inputs(
         raise ValueError(f"w13 [E, 2I, H] and w2 [E, H, I] disagree: {tuple(w13.shape)}, {tuple(w2.shape)}")
     num_experts, two_i, hidden = w13.shape
     if hidden != x.shape[1] or w2.shape[1:] != (hidden, two_i // 2):
-        raise ValueError(f"x [T, {x.shape[1]}], w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit together")
+        raise ValueError(
+            f"x [T, {x.shape[1]}], w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit together"
+        )
     if experts.shape != weights.shape or experts.shape[0] != x.shape[0]:
-        raise ValueError(f"experts {tuple(experts.shape)} and weights {tuple(weights.shape)} must both be [T, k]")
+        raise ValueError(
+            f"experts {tuple(experts.shape)} and weights {tuple(weights.shape)} must both be [T, k]"
+        )
     if check_ids and experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
         raise ValueError(f"expert ids must lie in [0, {num_experts})")
 

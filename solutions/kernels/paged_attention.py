@@ -75,12 +75,20 @@ def _load_kv_tile(
     #  already, so the products cannot overflow.
     offset = pos % BLOCK_SIZE
     k = tl.load(
-        K_cache + block[:, None] * stride_kb + offset[:, None] * stride_ks + kv_h * stride_kh + offs_d[None, :],
+        K_cache
+        + block[:, None] * stride_kb
+        + offset[:, None] * stride_ks
+        + kv_h * stride_kh
+        + offs_d[None, :],
         mask=valid[:, None],
         other=0.0,
     )
     v = tl.load(
-        V_cache + block[:, None] * stride_vb + offset[:, None] * stride_vs + kv_h * stride_vh + offs_d[None, :],
+        V_cache
+        + block[:, None] * stride_vb
+        + offset[:, None] * stride_vs
+        + kv_h * stride_vh
+        + offs_d[None, :],
         mask=valid[:, None],
         other=0.0,
     )
@@ -123,7 +131,9 @@ def _paged_decode(
     heads = kv_h * group + offs_g
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(
-        Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=offs_g[:, None] < group, other=0.0
+        Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=offs_g[:, None] < group,
+        other=0.0,
     )
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -151,7 +161,9 @@ def _paged_decode(
     out_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
     tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=offs_g[:, None] < group)
     if SPLIT:
-        tl.store(Lse + row * stride_lt + heads * stride_lh + split, m_i + tl.math.log2(l_safe), mask=offs_g < group)
+        tl.store(
+            Lse + row * stride_lt + heads * stride_lh + split, m_i + tl.math.log2(l_safe), mask=offs_g < group
+        )
 
 
 @triton.jit
@@ -307,14 +319,20 @@ def check_paged_attention_inputs(
     if q_heads % kv_heads:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({kv_heads})")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache must share a dtype; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(
+            f"q, k_cache, v_cache must share a dtype; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
     batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     if block_table.dim() != 2 or block_table.shape[0] != batch or query_start_loc.shape != (batch + 1,):
         raise ValueError(
             f"need block_table [B, max_blocks], query_start_loc [B + 1], seq_lens [B]; got "
             f"{tuple(block_table.shape)}, {tuple(query_start_loc.shape)}, {tuple(seq_lens.shape)}"
         )
-    for name, t in (("block_table", block_table), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
+    for name, t in (
+        ("block_table", block_table),
+        ("query_start_loc", query_start_loc),
+        ("seq_lens", seq_lens),
+    ):
         if t.dtype != torch.int32:
             raise ValueError(f"{name} must be int32; got {t.dtype}")
     if len({t.device for t in (q, k_cache, v_cache, block_table, query_start_loc, seq_lens)}) != 1:
@@ -323,7 +341,9 @@ def check_paged_attention_inputs(
         return
     q_lens = query_start_loc.diff()
     if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != q.shape[0] or bool((q_lens < 0).any()):
-        raise ValueError(f"query_start_loc must rise from 0 to T = {q.shape[0]}; got {query_start_loc.tolist()}")
+        raise ValueError(
+            f"query_start_loc must rise from 0 to T = {q.shape[0]}; got {query_start_loc.tolist()}"
+        )
     # A padding row (seq_len 0, as a CUDA graph's unused rows are) may hold a query: it attends to nothing.
     if bool(((q_lens > seq_lens) & (seq_lens > 0)).any()):
         raise ValueError(
@@ -336,7 +356,9 @@ def check_paged_attention_inputs(
         )
     blocks_needed = int((seq_lens.max() + k_cache.shape[1] - 1) // k_cache.shape[1])
     if blocks_needed > block_table.shape[1]:
-        raise ValueError(f"block_table has {block_table.shape[1]} columns; a sequence needs {blocks_needed} blocks")
+        raise ValueError(
+            f"block_table has {block_table.shape[1]} columns; a sequence needs {blocks_needed} blocks"
+        )
 
 
 @functools.cache

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups of similar context length
-MIN_BUCKET = 4  # ... of at least this many sequences (each group costs a gather and an attention call a layer)
+MIN_BUCKET = (
+    4  # ... of at least this many sequences (each group costs a gather and an attention call a layer)
+)
 
 
 def check_store_kv_inputs(
@@ -103,7 +105,9 @@ def paged_attention_torch(
 
     One call = one ``TorchPagedStep`` (the step's index work) + its ``attend`` (the per-layer work).
     """
-    step = TorchPagedStep(block_table, query_start_loc, seq_lens, k_cache.shape[1], max_seq_len, k_cache.dtype)
+    step = TorchPagedStep(
+        block_table, query_start_loc, seq_lens, k_cache.shape[1], max_seq_len, k_cache.dtype
+    )
     return step.attend(q, k_cache, v_cache, sm_scale)
 
 
@@ -242,10 +246,14 @@ class TorchPagedStep:
         bucket's index, or -1 for the prefills)."""
         if first_block is not None:
             run = slice(first_block, first_block + table.shape[1])
-            keys, values = (cache[run].reshape(1, -1, *cache.shape[2:]).transpose(1, 2) for cache in (k_cache, v_cache))
+            keys, values = (
+                cache[run].reshape(1, -1, *cache.shape[2:]).transpose(1, 2) for cache in (k_cache, v_cache)
+            )
             return keys, values
         buffers = self._buffers.get(group)
-        if buffers is None:  # the first layer's call: every layer's cache has the same shape, dtype and device
+        if (
+            buffers is None
+        ):  # the first layer's call: every layer's cache has the same shape, dtype and device
             shape = (table.numel(), k_cache[0].numel())
             buffers = self._buffers[group] = tuple(k_cache.new_empty(shape) for _ in range(2))
         return _gather(k_cache, v_cache, table, buffers)
@@ -347,8 +355,12 @@ def _gather(k_cache, v_cache, table, out):
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask as SDPA's additive mask in the attention's dtype (0 where visible, -inf elsewhere)."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, float("-inf")
+    )
 
 
 def _sdpa(q, k, v, mask, sm_scale, causal=False):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale, is_causal=causal, enable_gqa=True)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=sm_scale, is_causal=causal, enable_gqa=True
+    )

@@ -69,9 +69,14 @@ def reference_paged_attention(
         start, end, seq_len = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(seq_lens[b])
         if end == start:
             continue
-        k, v = (gather_paged_kv(cache, block_table[b], seq_len).transpose(0, 1)[None] for cache in (k_cache, v_cache))
+        k, v = (
+            gather_paged_kv(cache, block_table[b], seq_len).transpose(0, 1)[None]
+            for cache in (k_cache, v_cache)
+        )
         heads_first = q[start:end].transpose(0, 1)[None]
-        out[start:end] = reference_attention(heads_first, k, v, causal=True, sm_scale=sm_scale)[0].transpose(0, 1)
+        out[start:end] = reference_attention(heads_first, k, v, causal=True, sm_scale=sm_scale)[0].transpose(
+            0, 1
+        )
     return out
 
 

@@ -14,7 +14,10 @@ from typing import Any
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 MOE_MODEL_TYPES = ("mixtral", "moefied_llama")
 SUPPORTED_HF_MODEL_TYPES = ("llama", "mistral", *MOE_MODEL_TYPES)
-MOE_ROUTERS = ("softmax", "unit")  # Mixtral's renormalised softmax weights; MoEfication's weight 1 per chosen expert
+MOE_ROUTERS = (
+    "softmax",
+    "unit",
+)  # Mixtral's renormalised softmax weights; MoEfication's weight 1 per chosen expert
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 
@@ -80,7 +83,9 @@ class ModelConfig:
         if self.moe_router not in MOE_ROUTERS:
             raise ValueError(f"moe_router must be one of {MOE_ROUTERS}, got {self.moe_router!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
         if self.eos_token_id is not None and not self.eos_token_ids:
             object.__setattr__(self, "eos_token_ids", (self.eos_token_id,))
         if self.eos_token_ids and self.eos_token_id != self.eos_token_ids[0]:
@@ -143,7 +148,9 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelConfig:
+    def from_hf_config(
+        cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> ModelConfig:
         """From a checkpoint folder's ``config.json`` (and ``generation_config.json``, for its EOS ids)."""
         model_type = cfg.get("model_type", "llama")
         if model_type not in SUPPORTED_HF_MODEL_TYPES:
@@ -206,7 +213,9 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     if rope_type == "default":
         return None
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise ValueError(
+            f"RoPE type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
     if "factor" not in params:
         raise ValueError(f"RoPE scaling {params!r} has no 'factor'")
     original = params.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 8192))
@@ -219,13 +228,19 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     )
 
 
-def _gguf_rope_scaling(meta: dict[str, Any], arch: str, freq_factors: tuple[float, ...] | None) -> RopeScaling | None:
+def _gguf_rope_scaling(
+    meta: dict[str, Any], arch: str, freq_factors: tuple[float, ...] | None
+) -> RopeScaling | None:
     """``{arch}.rope.scaling.type`` (none / linear) and the ``rope_freqs`` divisors llama.cpp writes for Llama-3."""
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
-        raise ValueError(f"GGUF RoPE scaling {scaling_type!r} is not supported; supported: none, linear, rope_freqs")
+        raise ValueError(
+            f"GGUF RoPE scaling {scaling_type!r} is not supported; supported: none, linear, rope_freqs"
+        )
     if scaling_type == "linear" and freq_factors is not None:
-        raise ValueError("this GGUF has both linear RoPE scaling and rope_freqs; only one of them is supported")
+        raise ValueError(
+            "this GGUF has both linear RoPE scaling and rope_freqs; only one of them is supported"
+        )
     if freq_factors is not None:
         return RopeScaling(rope_type="llama3", freq_factors=tuple(float(f) for f in freq_factors))
     if scaling_type == "linear":

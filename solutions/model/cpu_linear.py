@@ -108,7 +108,9 @@ class CpuLinear(nn.Linear):
         if set(choices) != REGIMES.keys() or unknown:
             raise ValueError(f"choices must name a path for each of {list(REGIMES)}; got {choices}")
         self.choices = dict(choices)
-        self._stored: dict[str, tuple[int, torch.Tensor]] = {}  # path -> (weight version it was made at, layout)
+        self._stored: dict[
+            str, tuple[int, torch.Tensor]
+        ] = {}  # path -> (weight version it was made at, layout)
         self._decode, self._batch, self._prefill = (PATHS[choices[r]] for r in REGIMES)
 
     @classmethod
@@ -188,7 +190,11 @@ def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
     if not isinstance(entry, dict) or set(entry) != REGIMES.keys():
         return False
     for pick in entry.values():
-        if not isinstance(pick, dict) or pick.get("path") not in paths or not isinstance(pick.get("us"), dict):
+        if (
+            not isinstance(pick, dict)
+            or pick.get("path") not in paths
+            or not isinstance(pick.get("us"), dict)
+        ):
             return False
         if pick["path"] not in pick["us"]:
             return False
@@ -308,7 +314,10 @@ def measure_shape(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str
                 continue
             calls[name] = [lambda s=s, path=path, x=x: path.apply(x, s, None) for s in stored]
         best = fastest_rounds(calls, rounds)
-        entry[regime] = {"path": min(best, key=best.get), "us": {name: round(t * 1e6, 2) for name, t in best.items()}}
+        entry[regime] = {
+            "path": min(best, key=best.get),
+            "us": {name: round(t * 1e6, 2) for name, t in best.items()},
+        }
     return entry
 
 
@@ -316,7 +325,9 @@ def choose_paths(
     weights_by_shape: dict[tuple[int, int, torch.dtype], list[torch.Tensor]], use_cache: bool = True
 ) -> dict[str, dict]:
     """Decisions for every shape: from the cache where it has them, measured (and cached) where not."""
-    measures = {shape_key(*shape): functools.partial(measure_shape, ws) for shape, ws in weights_by_shape.items()}
+    measures = {
+        shape_key(*shape): functools.partial(measure_shape, ws) for shape, ws in weights_by_shape.items()
+    }
     return cached_decisions(measures, use_cache)
 
 
@@ -381,7 +392,9 @@ def use_fastest_linears(model: nn.Module, use_cache: bool = True) -> dict[str, d
         for _, _, linear in linears:
             if linear.weight.data_ptr() not in seen:
                 seen.add(linear.weight.data_ptr())
-                by_shape.setdefault((*linear.weight.shape, linear.weight.dtype), []).append(linear.weight.detach())
+                by_shape.setdefault((*linear.weight.shape, linear.weight.dtype), []).append(
+                    linear.weight.detach()
+                )
         decisions = choose_paths(by_shape, use_cache)
     for parent, child_name, linear in linears:
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)

@@ -191,7 +191,9 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     heads = int(meta[f"{arch}.attention.head_count"])
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     readers = {
-        hf_name(name): _reader(path, info, heads, kv_heads) for name, info in tensors.items() if name != ROPE_FREQS
+        hf_name(name): _reader(path, info, heads, kv_heads)
+        for name, info in tensors.items()
+        if name != ROPE_FREQS
     }
     factors = None
     if ROPE_FREQS in tensors:

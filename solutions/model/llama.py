@@ -68,13 +68,21 @@ def rope_inverse_frequencies(
 
     Computed in float32 with Hugging Face's own operations, so the tables match its to the last bit.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
-    if scaling is None or scaling.rope_type == "dynamic":  # dynamic NTK is the default up to max_position_embeddings
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
+    if (
+        scaling is None or scaling.rope_type == "dynamic"
+    ):  # dynamic NTK is the default up to max_position_embeddings
         return inv_freq
-    if scaling.freq_factors is not None:  # a GGUF's rope_freqs: llama.cpp divides each frequency by its factor
+    if (
+        scaling.freq_factors is not None
+    ):  # a GGUF's rope_freqs: llama.cpp divides each frequency by its factor
         factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
         if factors.shape != inv_freq.shape:
-            raise ValueError(f"rope_freqs has {factors.numel()} factors, the model has {inv_freq.numel()} frequencies")
+            raise ValueError(
+                f"rope_freqs has {factors.numel()} factors, the model has {inv_freq.numel()} frequencies"
+            )
         return inv_freq / factors
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
@@ -176,7 +184,9 @@ class AddRMSNorm(RMSNorm):
         super().__init__(size, eps)
         self.ops = PLAIN_OPS
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -184,7 +194,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
@@ -198,7 +212,9 @@ class Attention(nn.Module):
             out = rope_store_attend(self.layer, qkv, cos, sin, self.ops.rope_store_kv)
             return self.o_proj(out.reshape(tokens, -1))
         # Q and K heads sit side by side in the fused projection: rotate them in one call.
-        q, k = self.ops.rope(qkv[:, :rotated_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = self.ops.rope(qkv[:, :rotated_heads], cos, sin).split(
+            [self.num_heads, self.num_kv_heads], dim=1
+        )
         out = attend(self.layer, q, k, qkv[:, rotated_heads:])
         return self.o_proj(out.reshape(tokens, -1))
 
@@ -223,7 +239,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MoEMLP(config) if config.num_local_experts else MLP(config)
 
     def forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hidden, residual)`` -> the same pair one layer on: the residual stream is ``hidden + residual``
         (``residual`` None: the stream is ``hidden``)."""
@@ -304,14 +325,20 @@ class LlamaModel(nn.Module):
         with torch.device("meta"):
             model = cls(config)
         shapes = {name: param.shape for name, param in model.named_parameters()}
-        weights = {name: _gather(state_dict, names, shapes[name], device, dtype) for name, names in sources.items()}
+        weights = {
+            name: _gather(state_dict, names, shapes[name], device, dtype) for name, names in sources.items()
+        }
         model.load_state_dict(weights, strict=False, assign=True)
         if config.tie_word_embeddings:  # one matrix serves as embedding and LM head
             model.lm_head.weight = model.embed_tokens.weight
         model.rope_cos, model.rope_sin = (
             t.to(dtype)
             for t in rope_tables(
-                config.head_dim, config.rope_theta, config.max_position_embeddings, device, config.rope_scaling
+                config.head_dim,
+                config.rope_theta,
+                config.max_position_embeddings,
+                device,
+                config.rope_scaling,
             )
         )
         model = model.eval().requires_grad_(False)
@@ -334,7 +361,10 @@ def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
         if config.num_local_experts:
             sources.update(moe_weight_sources(i))
         else:
-            sources[f"layers.{i}.mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            sources[f"layers.{i}.mlp.gate_up_proj.weight"] = [
+                p + "mlp.gate_proj.weight",
+                p + "mlp.up_proj.weight",
+            ]
             sources[f"layers.{i}.mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
         for norm in ("input_layernorm", "post_attention_layernorm"):
             sources[f"layers.{i}.{norm}.weight"] = [p + f"{norm}.weight"]
@@ -345,7 +375,9 @@ def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:
     return sources
 
 
-def _check_names(state_dict: Mapping[str, torch.Tensor], sources: dict[str, list[str]], config: ModelConfig) -> None:
+def _check_names(
+    state_dict: Mapping[str, torch.Tensor], sources: dict[str, list[str]], config: ModelConfig
+) -> None:
     """Every source present; nothing else but what is knowingly unused (a tied checkpoint's copy of the
     head, old checkpoints' rotary buffers, which are recomputed from the config)."""
     needed = {name for names in sources.values() for name in names}
@@ -383,7 +415,9 @@ def _gather(
     for name in names:
         tensor = state_dict[name]
         if tensor.shape[1:] != shape[1:] or row + tensor.shape[0] > shape[0]:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, which does not fit rows of {tuple(shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, which does not fit rows of {tuple(shape)}"
+            )
         out[row : row + tensor.shape[0]].copy_(tensor)
         row += tensor.shape[0]
     if row != shape[0]:

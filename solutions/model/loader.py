@@ -101,7 +101,10 @@ def safetensors_readers(path: Path) -> dict[str, Callable[[], torch.Tensor]]:
 
 
 def write_safetensors_streaming(
-    path: Path, tensors: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]
+    path: Path,
+    tensors: Mapping[str, torch.Tensor],
+    shapes: dict[str, tuple[int, ...]],
+    metadata: dict[str, str],
 ) -> None:
     """Write float32 ``tensors`` as a safetensors file, fetching and writing one at a time.
 
@@ -160,7 +163,9 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
         return _load_gguf_cache(weights_file, tokenizer_file, path)
 
     checkpoint = open_gguf(path)
-    config = ModelConfig.from_gguf_metadata(checkpoint.metadata, checkpoint.tensors, checkpoint.rope_freq_factors)
+    config = ModelConfig.from_gguf_metadata(
+        checkpoint.metadata, checkpoint.tensors, checkpoint.rope_freq_factors
+    )
     tokenizer = TextTokenizer.from_gguf_metadata(checkpoint.metadata)
     state = LazyStateDict(checkpoint.readers)
     if not use_cache or not checkpoint.quantized:  # F32/F16/BF16 files are read directly: a cast is cheap
@@ -170,7 +175,10 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     partial = weights_file.with_suffix(f".{os.getpid()}.partial")
     partial_tokenizer = tokenizer_file.with_suffix(f".{os.getpid()}.partial")
     shapes = {hf_name(name): info.shape for name, info in checkpoint.tensors.items() if hf_name(name)}
-    metadata = {"config": json.dumps(config.to_dict()), "tokenizer": json.dumps(_tokenizer_settings(tokenizer))}
+    metadata = {
+        "config": json.dumps(config.to_dict()),
+        "tokenizer": json.dumps(_tokenizer_settings(tokenizer)),
+    }
     write_safetensors_streaming(partial, state, shapes, metadata)
     tokenizer.backend.save(str(partial_tokenizer))
     partial_tokenizer.replace(tokenizer_file)
@@ -189,12 +197,16 @@ def load_hf_folder(folder: Path, load_tokenizer: bool = True) -> LoadedWeights:
     config = ModelConfig.from_hf_config(json.loads(config_path.read_text()), generation)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
-        raise FileNotFoundError(f"{folder} holds no *.safetensors weights (only safetensors checkpoints load)")
+        raise FileNotFoundError(
+            f"{folder} holds no *.safetensors weights (only safetensors checkpoints load)"
+        )
     readers: dict[str, Callable[[], torch.Tensor]] = {}
     for shard in shards:
         readers.update(safetensors_readers(shard))
     tokenizer = (
-        TextTokenizer.from_hf_folder(folder, config.eos_token_ids, config.bos_token_id) if load_tokenizer else None
+        TextTokenizer.from_hf_folder(folder, config.eos_token_ids, config.bos_token_id)
+        if load_tokenizer
+        else None
     )
     return LoadedWeights(config, LazyStateDict(readers), tokenizer, folder)
 
@@ -205,7 +217,9 @@ def load_weights(
     """Load ``model``: None for the bundled SmolLM2, a ``.gguf`` file, or a checkpoint folder."""
     path = bundled_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model {str(path)!r} does not exist (give a .gguf file or a checkpoint folder)")
+        raise FileNotFoundError(
+            f"model {str(path)!r} does not exist (give a .gguf file or a checkpoint folder)"
+        )
     if path.is_dir():
         return load_hf_folder(path, load_tokenizer)
     if path.suffix != ".gguf":

@@ -37,7 +37,9 @@ class MoEMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         routing = route(self.gate(x), self.top_k)
         weights = torch.ones_like(routing.weights) if self.unit_weights else routing.weights
-        return fused_moe(x, self.w13, self.w2, weights.to(x.dtype), routing.experts, self.backend, check_ids=False)
+        return fused_moe(
+            x, self.w13, self.w2, weights.to(x.dtype), routing.experts, self.backend, check_ids=False
+        )
 
 
 def moe_weight_sources(layer: int) -> dict[str, list[str]]:

@@ -40,7 +40,9 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [tokens, experts], got shape {tuple(router_logits.shape)}")
     if not 1 <= top_k <= router_logits.shape[1]:
-        raise ValueError(f"top_k must be in [1, {router_logits.shape[1]}] (the number of experts), got {top_k}")
+        raise ValueError(
+            f"top_k must be in [1, {router_logits.shape[1]}] (the number of experts), got {top_k}"
+        )
     # BEGIN SOLUTION Lab 5: softmax in float32 over experts, take the top_k probabilities, divide by their sum if renormalize
     # HINT: The router scores each token against each expert; a softmax over the experts turns the scores
     #  into probabilities, and the token runs through its k most probable experts, mixed by those

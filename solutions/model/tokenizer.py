@@ -60,7 +60,9 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
     """A byte-level BPE tokenizer from ``tokenizer.ggml.*`` fields (llama.cpp's 'gpt2' model)."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, this file has {kind!r}")
+        raise ValueError(
+            f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, this file has {kind!r}"
+        )
     pre = meta.get("tokenizer.ggml.pre")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(
@@ -119,7 +121,9 @@ class TextTokenizer:
         )
 
     @classmethod
-    def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int], bos_token_id: int | None) -> TextTokenizer:
+    def from_hf_folder(
+        cls, folder: Path, eos_token_ids: Sequence[int], bos_token_id: int | None
+    ) -> TextTokenizer:
         if not (folder / "tokenizer.json").exists():
             raise FileNotFoundError(f"{folder} has no tokenizer.json; the engine needs one to read text")
         config_path = folder / "tokenizer_config.json"
@@ -166,7 +170,9 @@ class TextTokenizer:
             raise TemplateError(message)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        env.globals.update(
+            raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt)
+        )
         return env.from_string(self.chat_template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,

@@ -56,7 +56,9 @@ def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch
     """Each layer's FFN input (the post-attention RMSNorm's output) ``[T, H]`` over ``token_ids``, window by window."""
     inputs: list[list[torch.Tensor]] = [[] for _ in model.layers]
     hooks = [
-        layer.post_attention_layernorm.register_forward_hook(lambda m, args, out, i=i: inputs[i].append(out[0]))
+        layer.post_attention_layernorm.register_forward_hook(
+            lambda m, args, out, i=i: inputs[i].append(out[0])
+        )
         for i, layer in enumerate(model.layers)
     ]
 
@@ -136,7 +138,9 @@ def moefied_state_dict(
         for expert, idx in enumerate(layer_neurons):
             moe[f"{out}experts.{expert}.w1.weight"] = state_dict[dense + "gate_proj.weight"][idx].contiguous()
             moe[f"{out}experts.{expert}.w3.weight"] = state_dict[dense + "up_proj.weight"][idx].contiguous()
-            moe[f"{out}experts.{expert}.w2.weight"] = state_dict[dense + "down_proj.weight"][:, idx].contiguous()
+            moe[f"{out}experts.{expert}.w2.weight"] = state_dict[dense + "down_proj.weight"][
+                :, idx
+            ].contiguous()
     return moe
 
 
@@ -164,14 +168,18 @@ def hf_config_json(config: ModelConfig) -> dict:
     }
 
 
-def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None) -> None:
+def write_folder(
+    folder: Path, config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None
+) -> None:
     """Write ``config.json``, ``model.safetensors`` and (if given) ``tokenizer.json`` + ``tokenizer_config.json``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config_json(config), indent=2) + "\n")
     save_file({k: v.contiguous() for k, v in state_dict.items()}, str(folder / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.backend.save(str(folder / "tokenizer.json"))
-        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": tokenizer.chat_template}) + "\n")
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({"chat_template": tokenizer.chat_template}) + "\n"
+        )
 
 
 def ffn_flops_per_token(config: ModelConfig, num_experts: int, top_k: int | None) -> float:
@@ -201,19 +209,29 @@ def load_or_compute_split(
         "calibration": f"first {len(ids)} tokens of data/text/{CALIBRATION_TEXT.name}",
         "router_recall": json.dumps([round(r, 4) for r in recalls]),
     }
-    save_file({"neurons": neurons.to(torch.int16), "routers": routers.contiguous()}, str(path), metadata=metadata)
+    save_file(
+        {"neurons": neurons.to(torch.int16), "routers": routers.contiguous()}, str(path), metadata=metadata
+    )
     return neurons, routers
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.moe.moefy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions.moe.moefy", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--experts", type=int, default=8)
-    parser.add_argument("--top-k", type=int, default=None, help="experts per token in the written config (default E/2)")
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="experts per token in the written config (default E/2)"
+    )
     parser.add_argument("--split", choices=["coactivation", "random"], default="coactivation")
-    parser.add_argument("--recompute", action="store_true", help="redo the split and routers (else read data/moe/)")
+    parser.add_argument(
+        "--recompute", action="store_true", help="redo the split and routers (else read data/moe/)"
+    )
     parser.add_argument("--calib-tokens", type=int, default=2048)
     parser.add_argument("--eval-tokens", type=int, default=2048)
-    parser.add_argument("--out", type=Path, default=None, help="folder for the converted model (default: the cache)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for the converted model (default: the cache)"
+    )
     parser.add_argument("--no-write", action="store_true", help="measure only; write no model folder")
     args = parser.parse_args(argv)
     num_experts = args.experts
@@ -222,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     weights = load_weights()
     config = weights.config
     if config.intermediate_size % num_experts:
-        raise ValueError(f"intermediate_size {config.intermediate_size} does not split into {num_experts} experts")
+        raise ValueError(
+            f"intermediate_size {config.intermediate_size} does not split into {num_experts} experts"
+        )
     dense = LlamaModel.from_state_dict(config, weights.state_dict, "cpu", torch.float32)
     neurons, routers = load_or_compute_split(
         dense, weights.tokenizer, num_experts, args.split, args.calib_tokens, args.recompute
@@ -241,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)  # fmt: skip
     dense_ppl = perplexity(dense, eval_ids, WINDOW)
     dense_flops = ffn_flops_per_token(config, num_experts, None)
-    print(f"\nperplexity on the first {len(eval_ids)} tokens of {EVALUATION_TEXT.name} (windows of {WINDOW});")
+    print(
+        f"\nperplexity on the first {len(eval_ids)} tokens of {EVALUATION_TEXT.name} (windows of {WINDOW});"
+    )
     print(f"FFN MFLOPs per token over {config.num_layers} layers (router included); split: {args.split}")
     print(f"{'model':<14}{'FFN MFLOP':>10}{'of dense':>10}{'perplexity':>12}{'vs dense':>10}")
     print(f"{'dense':<14}{dense_flops / 1e6:>10.1f}{1:>10.0%}{dense_ppl:>12.5g}{1:>9.3g}x")

@@ -34,7 +34,9 @@ def balanced_assign(similarity: torch.Tensor, size: int) -> torch.Tensor:
     return torch.tensor(labels)
 
 
-def balanced_kmeans(features: torch.Tensor, num_clusters: int, iters: int = 25, seed: int = 0) -> torch.Tensor:
+def balanced_kmeans(
+    features: torch.Tensor, num_clusters: int, iters: int = 25, seed: int = 0
+) -> torch.Tensor:
     """Spherical k-means with equal cluster sizes: ``features`` ``[n, d]`` -> labels ``[n]`` in ``[0, num_clusters)``."""
     n = features.shape[0]
     if n % num_clusters:
@@ -48,7 +50,9 @@ def balanced_kmeans(features: torch.Tensor, num_clusters: int, iters: int = 25, 
         if torch.equal(new_labels, labels):
             break
         labels = new_labels
-        centroids = F.normalize(torch.stack([points[labels == c].mean(0) for c in range(num_clusters)]), dim=1)
+        centroids = F.normalize(
+            torch.stack([points[labels == c].mean(0) for c in range(num_clusters)]), dim=1
+        )
     return labels
 
 

@@ -134,7 +134,9 @@ def load_awq_params(model_name: str, w_bit: int, group_size: int) -> dict[str, t
     return load_file(str(path))
 
 
-def _attention_block(attn, cos: torch.Tensor, sin: torch.Tensor, window: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _attention_block(
+    attn, cos: torch.Tensor, sin: torch.Tensor, window: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """qkv_proj's output -> o_proj's output (float o_proj), causal within each calibration window."""
     from ..kernels.attention import gqa_attention
     from ..model.llama import apply_rope
@@ -182,9 +184,13 @@ def calibrate(
     hooks = []
     for name, module in [*layer_linears(model), ("lm_head", model.lm_head)]:
         captured[name] = []
-        hooks.append(module.register_forward_hook(lambda m, args, out, name=name: captured[name].append(args[0])))
+        hooks.append(
+            module.register_forward_hook(lambda m, args, out, name=name: captured[name].append(args[0]))
+        )
     try:
-        for start in tqdm(range(0, len(calibration_ids), window), desc="capturing activations", unit="window"):
+        for start in tqdm(
+            range(0, len(calibration_ids), window), desc="capturing activations", unit="window"
+        ):
             model.sequence_logits(calibration_ids[start : start + window])
     finally:
         for hook in hooks:
@@ -211,8 +217,12 @@ def calibrate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.quant.awq", description="Calibrate AWQ scales.")
-    parser.add_argument("--model", default=None, help="a .gguf file or checkpoint folder (default: bundled SmolLM2)")
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions.quant.awq", description="Calibrate AWQ scales."
+    )
+    parser.add_argument(
+        "--model", default=None, help="a .gguf file or checkpoint folder (default: bundled SmolLM2)"
+    )
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--calibration", type=Path, default=CALIBRATION_TEXT, help="a UTF-8 text file")

@@ -71,7 +71,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
             # The common case of a bfloat16 engine (dtype "auto" on a CPU with native bfloat16): no cast, no reshape.
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.qweight, self.group_size, self.scale_offset)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.qweight, self.group_size, self.scale_offset
+            )
         flat = x.reshape(-1, self.in_features)
         if self.backend == "cpu":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -88,7 +90,9 @@ class QuantLinear(nn.Module):
         flat = ids.reshape(-1)
         if self.backend == "cpu":
             codes, scales, offsets = self._cpu_rows(flat)
-            w = (codes.float() - 8).view(len(flat), -1, self.group_size) * scales[..., None] + offsets[..., None]
+            w = (codes.float() - 8).view(len(flat), -1, self.group_size) * scales[..., None] + offsets[
+                ..., None
+            ]
         else:
             codes = unpack_int4(self.qweight[flat]).float().view(len(flat), -1, self.group_size)
             w = (codes - self.zeros[flat].float()[..., None]) * self.scales[flat].float()[..., None]
@@ -109,7 +113,9 @@ class QuantLinear(nn.Module):
         return self.rows(torch.arange(self.out_features, device=self.qweight.device))
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, INT{self.w_bit} g{self.group_size}, {self.backend}"
+        return (
+            f"{self.in_features} -> {self.out_features}, INT{self.w_bit} g{self.group_size}, {self.backend}"
+        )
 
 
 class QuantEmbedding(nn.Module):

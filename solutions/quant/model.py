@@ -35,7 +35,9 @@ def layer_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 def _set(model: nn.Module, name: str, module: nn.Module) -> None:
     i, leaf = name.removeprefix("layers.").split(".")
-    parent = model.layers[int(i)].mlp if leaf in ("gate_up_proj", "down_proj") else model.layers[int(i)].self_attn
+    parent = (
+        model.layers[int(i)].mlp if leaf in ("gate_up_proj", "down_proj") else model.layers[int(i)].self_attn
+    )
     setattr(parent, leaf, module)
 
 
@@ -62,7 +64,11 @@ def _max_val(weight: torch.Tensor, group_size: int, params: dict[str, torch.Tens
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module, method: str, w_bit: int, group_size: int, awq_params: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    method: str,
+    w_bit: int,
+    group_size: int,
+    awq_params: dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Replace every decoder linear and the LM head of ``model`` (in place) by ``QuantLinear``; returns ``model``.
 
@@ -83,11 +89,15 @@ def quantize_model(
         _set(
             model,
             name,
-            QuantLinear.from_float(module.weight, w_bit, group_size, _max_val(module.weight, group_size, params, name)),
+            QuantLinear.from_float(
+                module.weight, w_bit, group_size, _max_val(module.weight, group_size, params, name)
+            ),
         )
     tied = model.lm_head.weight is model.embed_tokens.weight
     head = model.lm_head.weight
-    model.lm_head = QuantLinear.from_float(head, w_bit, group_size, _max_val(head, group_size, params, "lm_head"))
+    model.lm_head = QuantLinear.from_float(
+        head, w_bit, group_size, _max_val(head, group_size, params, "lm_head")
+    )
     if tied:
         model.embed_tokens = QuantEmbedding(model.lm_head)
     return model
@@ -106,7 +116,9 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def quantize_named_model(model: nn.Module, model_name: str, method: str, w_bit: int, group_size: int) -> nn.Module:
+def quantize_named_model(
+    model: nn.Module, model_name: str, method: str, w_bit: int, group_size: int
+) -> nn.Module:
     """``quantize_model``, reading AWQ's cached scales for ``model_name`` (its weights file's stem) when needed."""
     from .awq import load_awq_params
 

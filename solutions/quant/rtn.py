@@ -38,7 +38,9 @@ class GroupQuantized:
 def check_quant_args(in_features: int, w_bit: int, group_size: int, name: str = "weight") -> None:
     """Raise a ValueError naming the problem if ``w_bit`` / ``group_size`` cannot quantize ``in_features``."""
     if w_bit not in SUPPORTED_BITS:
-        raise ValueError(f"w_bit must be one of {SUPPORTED_BITS} (codes are stored in 4-bit fields), got {w_bit}")
+        raise ValueError(
+            f"w_bit must be one of {SUPPORTED_BITS} (codes are stored in 4-bit fields), got {w_bit}"
+        )
     if group_size < 8 or group_size % 8:
         raise ValueError(f"group_size must be a positive multiple of 8, got {group_size}")
     if in_features % group_size:
@@ -49,7 +51,9 @@ def check_quant_args(in_features: int, w_bit: int, group_size: int, name: str = 
         )
 
 
-def quantize(weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None) -> GroupQuantized:
+def quantize(
+    weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None
+) -> GroupQuantized:
     """Quantize ``weight`` ``[N, K]`` group-wise; ``max_val`` ``[N, K // group_size]`` clips each group first."""
     n, k = weight.shape
     check_quant_args(k, w_bit, group_size)

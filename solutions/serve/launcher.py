@@ -51,7 +51,9 @@ def running_server(
     command = [*command, "--port", str(port), "--log-level", "warning"]
     command += engine_argv(engine_options) + (["--api-key", api_key] if api_key else [])
     child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), child_env.get("PYTHONPATH")]))
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(PACKAGE_PARENT), child_env.get("PYTHONPATH")])
+    )
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, env=child_env, stdout=log, stderr=subprocess.STDOUT)
@@ -66,7 +68,9 @@ def running_server(
                 if process.poll() is not None:
                     raise RuntimeError(f"the server exited with code {process.returncode}:\n{tail()}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not become healthy within {startup_timeout_s} s:\n{tail()}")
+                    raise RuntimeError(
+                        f"the server did not become healthy within {startup_timeout_s} s:\n{tail()}"
+                    )
                 time.sleep(0.5)
             yield url
         finally:

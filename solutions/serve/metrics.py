@@ -43,10 +43,17 @@ class ServerMetrics:
             "fastmode:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r
         ).labels(**labels)
         self.request_success = Counter(
-            "fastmode:request_success", "Finished requests by finish reason.", [*labels, "finished_reason"], registry=r
+            "fastmode:request_success",
+            "Finished requests by finish reason.",
+            [*labels, "finished_reason"],
+            registry=r,
         )
         self.ttft = Histogram(
-            "fastmode:time_to_first_token_seconds", "Time to first token.", labels, buckets=TTFT_BUCKETS, registry=r
+            "fastmode:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
         ).labels(**labels)
         self.tpot = Histogram(
             "fastmode:time_per_output_token_seconds",
@@ -78,7 +85,9 @@ class ServerMetrics:
         m = output.metrics
         self.prompt_tokens.inc(len(output.prompt_token_ids))
         for completion in output.outputs:
-            self.request_success.labels(model_name=self._model_name, finished_reason=completion.finish_reason).inc()
+            self.request_success.labels(
+                model_name=self._model_name, finished_reason=completion.finish_reason
+            ).inc()
         if m.ttft is not None:
             self.ttft.observe(m.ttft)
         if m.tpot is not None:

@@ -124,7 +124,9 @@ class RequireAPIKey:
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not secrets.compare_digest(given, self.expected):
                 why = "no API key was given" if not given else "the API key is wrong"
-                reply = _error(401, f"{why}: send the header 'Authorization: Bearer <key>'", "authentication_error")
+                reply = _error(
+                    401, f"{why}: send the header 'Authorization: Bearer <key>'", "authentication_error"
+                )
                 await reply(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -132,7 +134,9 @@ class RequireAPIKey:
 
 # --- one API call: submit its engine requests, then answer as JSON or as a stream ---------------------------
 async def _serve(state: ServerState, request: Request, body: SamplingFields, prompts: list, chat: bool):
-    params = _bad_input(lambda: body.sampling_params(default_max_tokens=16 if not chat else state.max_model_len))
+    params = _bad_input(
+        lambda: body.sampling_params(default_max_tokens=16 if not chat else state.max_model_len)
+    )
     call_id = new_id("chatcmpl" if chat else "cmpl")
     n = params.n
     streams: list[tuple[int, RequestStream]] = []
@@ -153,7 +157,9 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
         )
         return StreamingResponse(_sse(chunks, close_all), media_type="text/event-stream")
     try:
-        return await _unless_disconnected(_collect(updates, call_id, state.model_name, num_choices, chat), request)
+        return await _unless_disconnected(
+            _collect(updates, call_id, state.model_name, num_choices, chat), request
+        )
     finally:
         close_all()
 
@@ -169,7 +175,9 @@ class _ChoiceUpdate:
     finished: bool  # True exactly once per choice, on the update that finished it
 
 
-async def _choice_updates(events: AsyncIterator[tuple[int, RequestOutput]], n: int) -> AsyncIterator[_ChoiceUpdate]:
+async def _choice_updates(
+    events: AsyncIterator[tuple[int, RequestOutput]], n: int
+) -> AsyncIterator[_ChoiceUpdate]:
     """Flatten engine snapshots (each holding one or more completions) into per-choice updates."""
     reported: set[int] = set()
     async for base, output in events:
@@ -219,7 +227,9 @@ async def _completion_chunks(updates, call_id: str, model: str, num_choices: int
         finish_reason = completion.finish_reason if update.finished else None
         if completion.delta_text or finish_reason:
             choice = {"index": update.index, "text": completion.delta_text, "logprobs": None}
-            yield _chunk(call_id, "text_completion", created, model, {**choice, "finish_reason": finish_reason})
+            yield _chunk(
+                call_id, "text_completion", created, model, {**choice, "finish_reason": finish_reason}
+            )
     if include_usage:
         tokens = usage(sum(prompt_tokens.values()), completion_tokens)
         yield {
@@ -242,12 +252,21 @@ async def _chat_chunks(updates, call_id: str, model: str, num_choices: int, incl
         prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         completion_tokens += len(completion.delta_token_ids)
         if completion.delta_text:
-            yield _chunk(call_id, kind, created, model, _delta(update.index, {"content": completion.delta_text}, None))
+            yield _chunk(
+                call_id, kind, created, model, _delta(update.index, {"content": completion.delta_text}, None)
+            )
         if update.finished:
             yield _chunk(call_id, kind, created, model, _delta(update.index, {}, completion.finish_reason))
     if include_usage:
         tokens = usage(sum(prompt_tokens.values()), completion_tokens)
-        yield {"id": call_id, "object": kind, "created": created, "model": model, "choices": [], "usage": tokens}
+        yield {
+            "id": call_id,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": tokens,
+        }
 
 
 def _delta(index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
@@ -364,7 +383,9 @@ def _describe_validation(error: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(problems)
 
 
-def _error(status: int, message: str, type: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, type: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, type, param), status_code=status)
 
 

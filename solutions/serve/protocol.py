@@ -19,7 +19,9 @@ from ..engine.sampling_params import SamplingParams
 class APIError(Exception):
     """An error the client caused or should see: becomes an OpenAI error object with this HTTP status."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None):
+    def __init__(
+        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
 
@@ -81,7 +83,9 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             return [prompt]
         if not prompt:
-            raise ValueError("prompt is empty: give a string, a list of token ids, or a non-empty list of them")
+            raise ValueError(
+                "prompt is empty: give a string, a list of token ids, or a non-empty list of them"
+            )
         return list(prompt)
 
 

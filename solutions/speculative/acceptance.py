@@ -57,7 +57,9 @@ def teacher_forced_acceptance(
                 seconds += time.perf_counter() - start
                 # The target's choice below a node at depth d of the answer's path is the answer's token d; the
                 # greedy walk reads choices only along the path it follows, so other nodes' entries never matter.
-                choices = [upcoming[d] if d < len(upcoming) else None for d in tree.depths()]  # None: no choice
+                choices = [
+                    upcoming[d] if d < len(upcoming) else None for d in tree.depths()
+                ]  # None: no choice
                 count = len(walk_greedy(tree, choices)[0])
             else:
                 draft = drafter.propose([request_id], [context], [len(upcoming)], [0.0])[0].token_ids
@@ -74,4 +76,6 @@ def teacher_forced_acceptance(
 def greedy_answers(model: LlamaModel, rows: list[dict]) -> list[tuple[list[int], int, torch.Tensor]]:
     """``(token_ids, prompt_len, features)`` for rows of ``heldout_responses.jsonl`` (the target's greedy
     answers), the features from one causal pass of the target over each whole sequence."""
-    return [(row["token_ids"], row["prompt_len"], features_and_labels(model, row["token_ids"])[0]) for row in rows]
+    return [
+        (row["token_ids"], row["prompt_len"], features_and_labels(model, row["token_ids"])[0]) for row in rows
+    ]

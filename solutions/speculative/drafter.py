@@ -38,7 +38,11 @@ class NgramDrafter:
     ) -> list[Draft]:
         """Drafts for each request, at most ``limits[b]`` tokens (deterministic, so ``q`` is one-hot)."""
         return [
-            Draft(propose_ngram(ids, min(self.num_tokens, limit), self.max_ngram, self.min_ngram) if limit > 0 else [])
+            Draft(
+                propose_ngram(ids, min(self.num_tokens, limit), self.max_ngram, self.min_ngram)
+                if limit > 0
+                else []
+            )
             for ids, limit in zip(token_ids, limits)
         ]
 
@@ -165,7 +169,9 @@ class EagleDrafter:
                 torch.tensor([d + step for d in done], device=device),
                 self.kv.attend(request_ids, [1] * len(request_ids)),
             )
-        return [Draft(ids, torch.stack(p[: len(ids)]) if p and ids else None) for ids, p in zip(drafted, probs)]
+        return [
+            Draft(ids, torch.stack(p[: len(ids)]) if p and ids else None) for ids, p in zip(drafted, probs)
+        ]
 
     @torch.inference_mode()
     def propose_tree(self, request_id: str, token_ids: list[int], num_nodes: int) -> DraftTree:

@@ -82,7 +82,9 @@ class EagleHead(nn.Module):
         # A quantized target (Lesson 6) keeps its LM head packed: the head reads it dequantized, once, and a
         # tied embedding that reads the same packed table shares that copy.
         lm_head, embed = target.lm_head, target.embed_tokens
-        self.lm_head_weight = (lm_head.dequantize() if hasattr(lm_head, "dequantize") else lm_head.weight).detach()
+        self.lm_head_weight = (
+            lm_head.dequantize() if hasattr(lm_head, "dequantize") else lm_head.weight
+        ).detach()
         tied = getattr(embed, "table", None) is lm_head
         self.embed_weight = self.lm_head_weight if tied else embed.weight.detach()
         self.rope_cos, self.rope_sin = target.rope_cos, target.rope_sin
@@ -97,7 +99,9 @@ class EagleHead(nn.Module):
             self.vocab_ids = torch.arange(self.lm_head_weight.shape[0], device=self.lm_head_weight.device)
             self.vocab_rows = self.lm_head_weight
         elif not 1 <= size <= len(self.draft_vocab):
-            raise ValueError(f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}")
+            raise ValueError(
+                f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}"
+            )
         else:
             self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
             self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
@@ -214,7 +218,9 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no EAGLE head at {path}: train one with `python -m solutions.speculative.train_eagle`")
+        raise FileNotFoundError(
+            f"no EAGLE head at {path}: train one with `python -m solutions.speculative.train_eagle`"
+        )
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {name: f.get_tensor(name) for name in f.keys()}

@@ -95,7 +95,9 @@ def speculative_generate(
     clock = time.perf_counter()
     features, logits = target.forward(prompt_ids, torch.arange(len(prompt_ids)))
     first = verify(
-        torch.empty(1, 0, dtype=torch.long), target_probs(logits[-1:], temperature)[None], generators=generator
+        torch.empty(1, 0, dtype=torch.long),
+        target_probs(logits[-1:], temperature)[None],
+        generators=generator,
     )
     ids = list(prompt_ids) + [int(first[1][0])]
     if drafter is not None:
@@ -124,7 +126,9 @@ def speculative_generate(
                 accepted = [tree.token_ids[node] for node in path]
                 rows = [0] + path
             else:
-                features, logits = target.forward([ids[-1]] + drafts, torch.arange(root, root + 1 + len(drafts)))
+                features, logits = target.forward(
+                    [ids[-1]] + drafts, torch.arange(root, root + 1 + len(drafts))
+                )
                 draft_ids = torch.tensor([drafts], dtype=torch.long)
                 num, nxt = verify(
                     draft_ids, target_probs(logits, temperature)[None], None if probs is None else probs[None],

@@ -21,7 +21,9 @@ from ..engine.sampler import sampling_probs
 from ..engine.sampling_params import SamplingParams
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def target_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """The distribution the plain sampler draws from, for each row of ``logits`` ``[N, V]`` (float32).
 
     Temperature 0 gives one-hot rows at the argmax; otherwise softmax of the top-k / top-p filtered
@@ -53,7 +55,9 @@ def verify(
     """
     batch, k = draft_token_ids.shape
     if target_probs.shape[:2] != (batch, k + 1):
-        raise ValueError(f"target_probs must be [B, K + 1, V] = [{batch}, {k + 1}, V], got {tuple(target_probs.shape)}")
+        raise ValueError(
+            f"target_probs must be [B, K + 1, V] = [{batch}, {k + 1}, V], got {tuple(target_probs.shape)}"
+        )
     if draft_probs is not None and draft_probs.shape != (batch, k, target_probs.shape[2]):
         raise ValueError(
             f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, got {tuple(draft_probs.shape)}"
@@ -86,14 +90,20 @@ def verify(
     #  residual is p. And where p == q leaves an all-zero residual (a rejection that had probability 0),
     #  fall back to p.
     p_draft = target_probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # p_i(x_i), [B, K]
-    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
+    q_draft = (
+        torch.ones_like(p_draft)
+        if draft_probs is None
+        else draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
+    )
     accepted = (uniforms * q_draft < p_draft) & valid
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # length of the leading run of accepts
     rows = torch.arange(batch, device=device)
     p_next = target_probs[rows, num_accepted]  # [B, V]
     rejected = num_accepted < num_drafts.to(device)  # stopped at a rejection, not after the last draft
     if draft_probs is None:
-        q_next = torch.zeros_like(p_next).scatter_(-1, drafts.gather(-1, num_accepted.clamp(max=k - 1)[:, None]), 1.0)
+        q_next = torch.zeros_like(p_next).scatter_(
+            -1, drafts.gather(-1, num_accepted.clamp(max=k - 1)[:, None]), 1.0
+        )
     else:
         q_next = draft_probs[rows, num_accepted.clamp(max=k - 1)]
     q_next = q_next * rejected[:, None]

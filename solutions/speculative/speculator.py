@@ -81,7 +81,9 @@ class Speculator:
         if self.tree_nodes:
             for request, limit in zip(ready, limits):
                 if limit >= self.drafter.tree_depth:
-                    tree = self.drafter.propose_tree(request.request_id, request.all_token_ids, self.tree_nodes)
+                    tree = self.drafter.propose_tree(
+                        request.request_id, request.all_token_ids, self.tree_nodes
+                    )
                     self.trees[request.request_id] = tree
                     request.spec_token_ids = tree.token_ids[1:]
             return
@@ -96,7 +98,9 @@ class Speculator:
             self.draft_probs[request.request_id] = draft.probs
 
     @torch.inference_mode()
-    def verify(self, plan: SchedulerOutput, out: ModelOutput, computed_before: dict[str, int]) -> dict[str, list[int]]:
+    def verify(
+        self, plan: SchedulerOutput, out: ModelOutput, computed_before: dict[str, int]
+    ) -> dict[str, list[int]]:
         """Accept drafts for every request that verified some, fix its KV and ``num_computed``; feed the
         drafter every scheduled request's features. Returns the tokens to append, by request id."""
         hidden_start, chains, tokens = 0, [], {}
@@ -141,7 +145,9 @@ class Speculator:
                 else:
                     q[b, :num] = draft_q[:num].to(q.device)
         num_drafts = torch.tensor([len(d) for _, d, _, _ in chains])
-        num_accepted, next_token = verify(drafts, probs, q, num_drafts, [r.generator for r, _, _, _ in chains])
+        num_accepted, next_token = verify(
+            drafts, probs, q, num_drafts, [r.generator for r, _, _, _ in chains]
+        )
         tokens = {}
         for b, (request, _, hidden_rows, before) in enumerate(chains):
             accepted = int(num_accepted[b])
@@ -179,7 +185,9 @@ class Speculator:
         if request.params.greedy:  # one-hot p: follow the child that holds the target's argmax
             path, token = walk_greedy(tree, logits.argmax(dim=-1).tolist())
         else:
-            path, token = walk_tree(tree, sampling_probs(logits, [request.params] * len(tree)), request.generator)
+            path, token = walk_tree(
+                tree, sampling_probs(logits, [request.params] * len(tree)), request.generator
+            )
         moves = [(before + node, before + 1 + depth) for depth, node in enumerate(path) if node != depth + 1]
         if moves:
             table, size = self.kv.block_table(request.request_id), self.cache.block_size
@@ -191,7 +199,9 @@ class Speculator:
                 flat = layers.view(layers.shape[0], -1, *layers.shape[3:])
                 flat[:, dst] = flat[:, src]
         self._commit(request, before, len(path))
-        self._observe(request.request_id, out, [hidden_rows[0]] + [hidden_rows[node] for node in path], before)
+        self._observe(
+            request.request_id, out, [hidden_rows[0]] + [hidden_rows[node] for node in path], before
+        )
         return [tree.token_ids[node] for node in path] + [token]
 
     def _commit(self, request: Request, before: int, num_accepted: int) -> None:
@@ -204,7 +214,9 @@ class Speculator:
         metrics.num_verify_passes += 1
         metrics.num_verified_tokens += num_accepted + 1
 
-    def _observe(self, request_id: str, out: ModelOutput, hidden_rows: list[int], first_position: int) -> None:
+    def _observe(
+        self, request_id: str, out: ModelOutput, hidden_rows: list[int], first_position: int
+    ) -> None:
         if self.drafter.needs_features:
             rows = torch.tensor(hidden_rows, device=out.hidden.device)
             self.drafter.observe(request_id, target_features(self.model, out.hidden[rows]), first_position)

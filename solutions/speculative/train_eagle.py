@@ -50,12 +50,19 @@ def generate_responses(
     runs = [(0, llm.generate(texts, greedy))]
     if samples:
         sampled = [
-            SamplingParams(n=samples, temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=seed + 1000 * i)
+            SamplingParams(
+                n=samples, temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=seed + 1000 * i
+            )
             for i in range(len(texts))
         ]
         runs.append((temperature, llm.generate(texts, sampled)))
     return [
-        {**row, "temperature": t, "prompt_len": len(out.prompt_token_ids), "token_ids": out.prompt_token_ids + c.token_ids}
+        {
+            **row,
+            "temperature": t,
+            "prompt_len": len(out.prompt_token_ids),
+            "token_ids": out.prompt_token_ids + c.token_ids,
+        }
         for t, outputs in runs
         for row, out in zip(prompts, outputs)
         for c in out.outputs
@@ -123,7 +130,8 @@ def _read_features_cache(path: Path | None, rows: list[dict]) -> list | None:
         return None
     cached = torch.load(path)
     if len(cached) != len(rows) or any(
-        ids.tolist() != r["token_ids"] or start != r["prompt_len"] for (ids, _, _, start), r in zip(cached, rows)
+        ids.tolist() != r["token_ids"] or start != r["prompt_len"]
+        for (ids, _, _, start), r in zip(cached, rows)
     ):
         print(f"{path} holds other sequences: computing the features again")
         return None
@@ -146,22 +154,35 @@ def _machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions.speculative.train_eagle", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--prompts", type=Path, nargs="+", default=[DATA_DIR / "prompts.jsonl", DATA_DIR / "prompts_templated.jsonl"]
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions.speculative.train_eagle", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--samples", type=int, default=1, help="sampled answers per prompt, besides the greedy one")
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        nargs="+",
+        default=[DATA_DIR / "prompts.jsonl", DATA_DIR / "prompts_templated.jsonl"],
+    )
+    parser.add_argument(
+        "--samples", type=int, default=1, help="sampled answers per prompt, besides the greedy one"
+    )
     parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled answers (top-p 0.95)")
     parser.add_argument("--heldout", type=Path, default=DATA_DIR / "heldout.jsonl")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "eagle_head.safetensors")
     parser.add_argument("--max-tokens", type=int, default=192, help="answer length per prompt")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="draft vocabulary (most frequent tokens)")
-    parser.add_argument("--keep-vocab", type=int, default=8192, help="ranked tokens stored, to measure other sizes")
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="draft vocabulary (most frequent tokens)"
+    )
+    parser.add_argument(
+        "--keep-vocab", type=int, default=8192, help="ranked tokens stored, to measure other sizes"
+    )
     parser.add_argument("--epochs", type=int, default=8, help="the shipped head: 8")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=2, help="sequences per optimizer step")
     parser.add_argument("--ce-weight", type=float, default=1.0)
-    parser.add_argument("--noise", type=float, default=0.2, help="uniform feature noise, times the feature std")
+    parser.add_argument(
+        "--noise", type=float, default=0.2, help="uniform feature noise, times the feature std"
+    )
     parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -171,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         help="train on this share of the answers (a seeded random subset; the features pass still covers them "
         "all, so --features-cache serves every share): how agreement scales with data",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument(
         "--features-cache",
         type=Path,
@@ -189,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.data_fraction <= 1:
         parser.error(f"--data-fraction must be in (0, 1], got {args.data_fraction}")
     if args.samples < 0:
-        parser.error(f"--samples must be >= 0 (sampled answers per prompt besides the greedy one), got {args.samples}")
+        parser.error(
+            f"--samples must be >= 0 (sampled answers per prompt besides the greedy one), got {args.samples}"
+        )
     torch.manual_seed(args.seed)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -206,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         train_rows = [json.loads(line) for line in responses_path.read_text().splitlines()]
     else:
         prompts = [row for path in args.prompts for row in read_prompts(path)]
-        print(f"generating {1 + args.samples} answers to each of {len(prompts)} prompts ({args.max_tokens} tokens max)")
-        train_rows = generate_responses(llm, prompts, args.max_tokens, args.samples, args.temperature, args.seed)
+        print(
+            f"generating {1 + args.samples} answers to each of {len(prompts)} prompts ({args.max_tokens} tokens max)"
+        )
+        train_rows = generate_responses(
+            llm, prompts, args.max_tokens, args.samples, args.temperature, args.seed
+        )
         responses_path.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     if args.reuse_responses and heldout_path.exists():
         heldout_rows = [json.loads(line) for line in heldout_path.read_text().splitlines()]
@@ -254,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             hits = []
             for i in order[start : start + args.batch]:
                 ids, feats, labels = train[i]
-                loss, hit = head_loss(head, feats, ids, labels, args.ce_weight, args.noise * feature_std, args.unroll)
+                loss, hit = head_loss(
+                    head, feats, ids, labels, args.ce_weight, args.noise * feature_std, args.unroll
+                )
                 (loss / args.batch).backward()
                 hits.append(float(hit))
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -266,11 +297,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.no_grad():
         heldout_top1 = sum(
-            float(head_loss(head, f, i, lab, 0.0, 0.0, 1, score_from=start - 1)[1]) for i, f, lab, start in heldout
+            float(head_loss(head, f, i, lab, 0.0, 0.0, 1, score_from=start - 1)[1])
+            for i, f, lab, start in heldout
         ) / len(heldout)
     elapsed = time.perf_counter() - started
     metadata = {
-        "command": "python -m solutions.speculative.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m solutions.speculative.train_eagle "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "seed": str(args.seed),
         "draft_vocab_size": str(min(args.vocab_size, len(ranked))),
     }
