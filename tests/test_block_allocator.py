@@ -144,7 +144,7 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
 def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager_class):
     manager = manager_class(num_blocks=10, block_size=4, enable_prefix_caching=False)
     parent = FakeRequest("p", list(range(10)))
-    assert manager.get_computed_tokens(parent) == 0
+    assert manager.lookup_prefix(parent).num_tokens == 0
     assert manager.allocate_slots(parent, 10), "10 tokens, 9 blocks free: allocate_slots must succeed"
     parent.num_computed = 10
     child = FakeRequest("c", parent.token_ids, num_computed=10)
@@ -176,7 +176,6 @@ def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager
 def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
     manager = manager_class(num_blocks=10, block_size=4, enable_prefix_caching=False)
     parent = FakeRequest("p", list(range(8)))
-    manager.get_computed_tokens(parent)
     manager.allocate_slots(parent, 8)
     parent.num_computed = 8
     child = FakeRequest("c", parent.token_ids, num_computed=8)
@@ -195,7 +194,6 @@ def test_free_returns_every_block_and_double_free_raises(manager_class):
     manager = manager_class(num_blocks=6, block_size=2, enable_prefix_caching=False)
     a, b = FakeRequest("a", [1, 2, 3]), FakeRequest("b", [4, 5, 6, 7])
     for r in (a, b):
-        manager.get_computed_tokens(r)
         assert manager.allocate_slots(r, r.num_tokens), f"no room for {r.request_id}'s tokens"
         r.num_computed = r.num_tokens
     assert manager.num_free_blocks == 1 and manager.num_used_blocks == 4, (
@@ -214,12 +212,10 @@ def test_free_returns_every_block_and_double_free_raises(manager_class):
 def test_allocate_slots_is_all_or_nothing(manager_class):
     manager = manager_class(num_blocks=5, block_size=4, enable_prefix_caching=False)
     a = FakeRequest("a", list(range(9)))
-    manager.get_computed_tokens(a)
     assert manager.allocate_slots(a, 9) and len(manager.block_table("a")) == 3
     b = FakeRequest("b", list(range(8)))
-    manager.get_computed_tokens(b)
     assert not manager.allocate_slots(b, 8), "2 blocks wanted, 1 free: must refuse"
-    assert manager.block_table("b") == [] and manager.num_free_blocks == 1, "a refusal must change nothing"
+    assert not manager.holds("b") and manager.num_free_blocks == 1, "a refusal must change nothing"
     assert manager.allocate_slots(b, 4) and len(manager.block_table("b")) == 1, (
         "1 block wanted, 1 free: must succeed"
     )
@@ -228,7 +224,6 @@ def test_allocate_slots_is_all_or_nothing(manager_class):
 def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
     manager = manager_class(num_blocks=4, block_size=4, enable_prefix_caching=False)
     parent = FakeRequest("p", list(range(6)))
-    manager.get_computed_tokens(parent)
     manager.allocate_slots(parent, 6)
     parent.num_computed = 6
     child = FakeRequest("c", parent.token_ids, num_computed=6)
@@ -244,7 +239,6 @@ def test_copy_on_write_counts_toward_all_or_nothing(manager_class):
 def test_slot_mapping_is_block_times_block_size_plus_offset(manager_class):
     manager = manager_class(num_blocks=8, block_size=4, enable_prefix_caching=False)
     a = FakeRequest("a", list(range(6)))
-    manager.get_computed_tokens(a)
     manager.allocate_slots(a, 6)
     table = manager.block_table("a")
     assert manager.slot_mapping("a", 0, 6) == [table[p // 4] * 4 + p % 4 for p in range(6)], (
@@ -284,15 +278,19 @@ def manager_machine(manager_class):
                 m.block_tables(),
                 list(m.allocator.ref_counts),
                 m.allocator.free_blocks(),
+                m.prefix_cache.evictable_blocks(),
                 m.num_free_blocks,
             )
 
-        def _run(self, request: FakeRequest, num_new: int) -> None:
-            """Allocate slots for ``num_new`` tokens, apply the queued copies, write the tokens: one step."""
+        def _run(self, request: FakeRequest, num_new: int, prefix=None) -> bool:
+            """Allocate slots for ``num_new`` tokens (a new request: after its cached ``prefix``), apply the
+            queued copies, write the tokens: one step. False if the manager refused."""
             before = self._snapshot()
-            if not self.manager.allocate_slots(request, num_new):
+            if not self.manager.allocate_slots(request, num_new, prefix):
                 assert self._snapshot() == before, "allocate_slots returned False but changed the cache state"
-                return
+                return False
+            if prefix is not None:
+                request.num_computed = prefix.num_tokens
             bs = self.block_size
             for src, dst in self.manager.take_copies():
                 for offset in range(bs):
@@ -321,6 +319,7 @@ def manager_machine(manager_class):
                 self.memory[block * bs + position % bs] = request.token_ids[position]
             request.num_computed = start + num_new
             self.manager.cache_full_blocks(request)
+            return True
 
         def _pick(self, data, condition):
             ids = sorted(rid for rid, r in self.live.items() if condition(r))
@@ -332,16 +331,18 @@ def manager_machine(manager_class):
         def admit(self, stem, tail, chunk):
             tokens = stem + tail or [0]
             request = FakeRequest(self._new_id(), tokens)
-            hit = self.manager.get_computed_tokens(request)
+            before = self._snapshot()
+            prefix = self.manager.lookup_prefix(request)
+            assert self._snapshot() == before, "lookup_prefix changed the cache state: a look-up only reads"
+            hit = prefix.num_tokens
             assert hit % self.block_size == 0, (
-                f"get_computed_tokens returned {hit}, not a whole number of blocks"
+                f"lookup_prefix found {hit} tokens, not a whole number of blocks"
             )
             assert hit <= request.num_tokens - 1, (
-                f"get_computed_tokens reused {hit} of {request.num_tokens} tokens: leave at least one to compute"
+                f"lookup_prefix found {hit} of {request.num_tokens} tokens: leave at least one to compute"
             )
-            request.num_computed = hit
-            self.live[request.request_id] = request
-            self._run(request, min(chunk, request.num_tokens - hit))
+            if self._run(request, min(chunk, request.num_tokens - hit), prefix):
+                self.live[request.request_id] = request
 
         @precondition(lambda self: any(r.num_computed < r.num_tokens for r in self.live.values()))
         @rule(data=st.data(), chunk=st.integers(1, 12))

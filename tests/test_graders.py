@@ -124,20 +124,26 @@ MISTAKES = [
     pytest.param(
         "3",
         "engine/scheduler.py",
-        "            request.num_computed = self.kv.get_computed_tokens(request)\n",
-        "",
+        "            num_new = min(request.num_tokens - prefix.num_tokens, budget)\n"
+        "            if not self.kv.allocate_slots(request, num_new, prefix):\n",
+        "            num_new = min(request.num_tokens, budget)\n"
+        "            if not self.kv.allocate_slots(request, num_new):\n",
         ["tests/test_scheduler.py", "-k", "reuses_the_prefix_cache"],
-        "request.num_computed = self.kv.get_computed_tokens(request) before allocating",
+        "pass the prefix to allocate_slots with the tokens after it",
         id="lab3-prefix-cache-skipped",
     ),
     pytest.param(
         "3",
         "engine/scheduler.py",
-        "                self.kv.free(request)\n",
-        "",
+        "            if not self.kv.allocate_slots(request, num_new, prefix):\n"
+        "                break\n"
+        "            request.num_computed = prefix.num_tokens\n",
+        "            request.num_computed = prefix.num_tokens\n"
+        "            if not self.kv.allocate_slots(request, num_new, prefix):\n"
+        "                break\n",
         ["tests/test_scheduler.py", "-k", "failed_admission"],
-        "When allocate_slots refuses, self.kv.free(request)",
-        id="lab3-blocks-leaked-on-a-failed-admission",
+        "set num_computed = prefix.num_tokens after allocate_slots admits it",
+        id="lab3-computed-set-before-the-admission",
     ),
     pytest.param(
         "2",

@@ -22,16 +22,20 @@ def manager_class(load):
     return load("cache.kv_cache_manager").KVCacheManager
 
 
+def hit(manager, request: FakeRequest) -> int:
+    """How many of ``request``'s tokens the prefix cache holds (a look-up: it takes nothing)."""
+    return manager.lookup_prefix(request).num_tokens
+
+
 def run(manager, request: FakeRequest) -> int:
     """Admit ``request``, compute all its tokens in one step, register its full blocks; return the hit."""
-    hit = manager.get_computed_tokens(request)
-    request.num_computed = hit
-    assert manager.allocate_slots(request, request.num_tokens - hit), (
+    prefix = manager.lookup_prefix(request)
+    assert manager.allocate_slots(request, request.num_tokens - prefix.num_tokens, prefix), (
         f"no room for {request.request_id}'s tokens"
     )
     request.num_computed = request.num_tokens
     manager.cache_full_blocks(request)
-    return hit
+    return prefix.num_tokens
 
 
 # ---------------------------------------------------------------- the hash chain
@@ -95,9 +99,9 @@ def test_at_least_one_token_is_left_to_compute(manager_class):
     tokens = list(range(12))
     run(manager, FakeRequest("a", tokens))
     again = FakeRequest("b", tokens)  # the same 12 tokens: 3 full cached blocks
-    hit = manager.get_computed_tokens(again)
-    assert hit == 8, (
-        f"reused {hit} of 12 tokens: at most num_tokens - 1 may be reused, in whole blocks, so the step still "
+    found = hit(manager, again)
+    assert found == 8, (
+        f"reused {found} of 12 tokens: at most num_tokens - 1 may be reused, in whole blocks, so the step still "
         "has a token to compute (the logits of the next token come from it)"
     )
 
@@ -113,9 +117,9 @@ def test_a_duplicate_block_stays_uncached(manager_class):
     tokens = list(range(9))
     a, b = FakeRequest("a", tokens), FakeRequest("b", tokens)
     for r in (a, b):  # both admitted before either computed anything: no hit for b
-        assert manager.get_computed_tokens(r) == 0, "nothing is cached before either request computed a block"
+        assert hit(manager, r) == 0, "nothing is cached before either request computed a block"
+        manager.allocate_slots(r, r.num_tokens, manager.lookup_prefix(r))
     for r in (a, b):
-        manager.allocate_slots(r, r.num_tokens)
         r.num_computed = r.num_tokens
         manager.cache_full_blocks(r)
         manager.cache_full_blocks(r)  # idempotent
@@ -147,9 +151,7 @@ def test_freed_cached_blocks_are_reused_then_evicted_oldest_first(manager_class)
     assert manager.prefix_cache.evictable_blocks() == [a_full[0]], (
         "evict the least recently freed block first"
     )
-    assert manager.get_computed_tokens(FakeRequest("d", list(range(9)))) == 4, (
-        "the evicted tail is gone, the head is not"
-    )
+    assert hit(manager, FakeRequest("d", list(range(9)))) == 4, "the evicted tail is gone, the head is not"
 
 
 def test_evicted_block_contents_are_not_found_again(manager_class):
@@ -158,9 +160,7 @@ def test_evicted_block_contents_are_not_found_again(manager_class):
     manager.free(FakeRequest("a", []))
     run(manager, FakeRequest("b", [9, 9, 9, 9, 9, 9, 9, 9]))  # needs both blocks: evicts a's
     assert manager.prefix_cache.lookup(manager.prefix_cache.block_to_hash.get(1, b"")) in (None, 1)
-    assert manager.get_computed_tokens(FakeRequest("c", [1, 2, 3, 4, 5])) == 0, (
-        "an evicted block must not hit"
-    )
+    assert hit(manager, FakeRequest("c", [1, 2, 3, 4, 5])) == 0, "an evicted block must not hit"
 
 
 def test_truncate_drops_blocks_and_a_rewritten_cached_block_is_uncached(manager_class):
@@ -178,7 +178,7 @@ def test_truncate_drops_blocks_and_a_rewritten_cached_block_is_uncached(manager_
         "writing into a cached block held by this request alone must first forget its key"
     )
     b = FakeRequest("b", list(range(11)))
-    assert manager.get_computed_tokens(b) == 4, "only block 0 still matches the original tokens"
+    assert hit(manager, b) == 4, "only block 0 still matches the original tokens"
 
 
 def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manager_class):
@@ -205,10 +205,36 @@ def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manag
 def test_free_registers_the_full_blocks_computed_so_far(manager_class):
     manager = manager_class(num_blocks=16, block_size=BS)
     a = FakeRequest("a", list(range(10)))
-    manager.get_computed_tokens(a)
     manager.allocate_slots(a, 10)
     a.num_computed = 10
     manager.free(a)  # finished in the step that computed its prompt: cache_full_blocks never ran
     assert run(manager, FakeRequest("b", list(range(10)) + [5])) == 8, (
         "free must register the request's full computed blocks first, or a one-step request leaves nothing cached"
     )
+
+
+def test_a_look_up_takes_nothing_and_a_refused_admission_leaves_no_trace(manager_class):
+    """``lookup_prefix`` only reads; ``allocate_slots`` takes the prefix's blocks with the fresh ones, all or
+    nothing, so a refused admission holds nothing and the cached prefix stays evictable, in LRU order."""
+    manager = manager_class(num_blocks=6, block_size=BS)  # 5 usable blocks
+    run(manager, FakeRequest("a", list(range(8)) + [50]))  # 2 full blocks cached, 1 partial
+    manager.free(FakeRequest("a", []))
+    lru = manager.prefix_cache.evictable_blocks()
+    big = FakeRequest("b", list(range(8)) + list(range(100, 116)))  # the 2 cached blocks, then 4 more
+    prefix = manager.lookup_prefix(big)
+    assert prefix.num_tokens == 8 and list(prefix.blocks) == lru[::-1], (
+        f"the look-up found {prefix.num_tokens} tokens in blocks {list(prefix.blocks)}: a's two full blocks, in "
+        "token order, were expected"
+    )
+    assert manager.prefix_cache.evictable_blocks() == lru and manager.num_used_blocks == 0, (
+        "lookup_prefix changed the cache: a look-up takes no block and reorders nothing"
+    )
+    assert not manager.allocate_slots(big, 16, prefix), (
+        "4 fresh blocks wanted, 3 free once the prefix is taken"
+    )
+    assert not manager.holds("b") and manager.num_used_blocks == 0, "a refused admission must hold nothing"
+    assert manager.prefix_cache.evictable_blocks() == lru, "a refused admission must leave the LRU as it was"
+    assert manager.allocate_slots(big, 12, prefix), (
+        "3 fresh blocks wanted, 3 free: the admission must succeed"
+    )
+    assert manager.block_table("b")[:2] == list(prefix.blocks) and manager.prefix_cache.num_evictable == 0

@@ -210,16 +210,16 @@ def test_finish_of_a_waiting_request_removes_it(make):
 
 def test_a_step_that_preempts_admits_nobody(make):
     """Two requests outgrow a small cache while a third waits. The step that preempts one must not even try to
-    admit a waiting request: the cache is full, and the front of the queue is the victim just sent back (trying
-    would re-attach its cached blocks, fail, and detach them again, reordering the prefix cache's LRU)."""
+    admit a waiting request: the cache has just run out, and the front of the queue is the victim just sent
+    back, which would take back the blocks its preemption freed and be preempted again the next step."""
     build, request = make
     scheduler = build(num_blocks=7, budget=32, max_num_seqs=2, max_model_len=24)
     old, new, late = request(8, max_tokens=12), request(8, max_tokens=12), request(4, max_tokens=2)
     for r in (old, new, late):
         scheduler.add(r)
     tried: list[str] = []
-    lookup = scheduler.kv.get_computed_tokens
-    scheduler.kv.get_computed_tokens = lambda r: tried.append(r.request_id) or lookup(r)
+    lookup = scheduler.kv.lookup_prefix
+    scheduler.kv.lookup_prefix = lambda r: tried.append(r.request_id) or lookup(r)
     finished: list = []
     preempting_steps = 0
     for _ in range(80):
@@ -229,7 +229,7 @@ def test_a_step_that_preempts_admits_nobody(make):
             preempting_steps += 1
             assert not tried, (
                 f"the step preempted {[r.request_id for r in plan.preempted]} and then tried to admit {tried} "
-                "(get_computed_tokens): a step that had to preempt admits nobody"
+                "(lookup_prefix): a step that had to preempt admits nobody"
             )
         if not scheduler.has_unfinished():
             break
@@ -253,12 +253,13 @@ def test_admission_reuses_the_prefix_cache(make):
     scheduled = plan.num_scheduled_tokens.get(second.request_id)
     assert scheduled == 3 and second.num_computed == 12, (
         f"the second request shares its first 12 tokens (3 full blocks) with a finished one, yet it starts at "
-        f"token {second.num_computed} and runs {scheduled} tokens, not 3: on admission set request.num_computed = "
-        "self.kv.get_computed_tokens(request) before allocating, so prefix-cache hits are not recomputed"
+        f"token {second.num_computed} and runs {scheduled} tokens, not 3: on admission look the prompt up "
+        "(prefix = self.kv.lookup_prefix(request)), pass the prefix to allocate_slots with the tokens after it, "
+        "then set request.num_computed = prefix.num_tokens, so prefix-cache hits are not recomputed"
     )
 
 
-def test_a_failed_admission_gives_back_its_prefix_blocks(make):
+def test_a_failed_admission_leaves_the_request_waiting_with_nothing(make):
     build, request = make
     scheduler = build(num_blocks=7, budget=16, max_num_seqs=4)  # 6 usable blocks of 4 tokens
     first = request(8, max_tokens=1)
@@ -267,20 +268,20 @@ def test_a_failed_admission_gives_back_its_prefix_blocks(make):
     long_runner = request(12, max_tokens=20)
     scheduler.add(long_runner)
     run_step(scheduler, [])  # 3 blocks; 1 free block and the 2 cached ones left
-    sharer = request(
-        20, max_tokens=1, first_token=first.prompt_token_ids[0]
-    )  # hits 2 blocks, then needs 3 more
+    # hits 2 blocks, then needs 3 more
+    sharer = request(20, max_tokens=1, first_token=first.prompt_token_ids[0])
     scheduler.add(sharer)
     plan = scheduler.schedule()
     assert sharer.request_id not in plan.num_scheduled_tokens, (
         "12 more tokens need 3 blocks with 1 free: no room"
     )
-    running_blocks = sum(len(scheduler.kv.block_table(r.request_id)) for r in scheduler.running)
-    assert scheduler.kv.num_used_blocks == running_blocks, (
-        f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after an "
-        "admission that failed: the waiting request still holds the prefix-cache blocks get_computed_tokens gave "
-        "it. When allocate_slots refuses, self.kv.free(request) and reset request.num_computed to 0"
-    )
     assert sharer.num_computed == 0 and scheduler.waiting[0] is sharer, (
-        "a request not admitted waits with nothing computed"
+        f"a request that allocate_slots did not admit waits at the front of the queue with nothing computed "
+        f"(num_computed {sharer.num_computed}): set request.num_computed = prefix.num_tokens only once "
+        "allocate_slots admits it"
+    )
+    running_blocks = sum(len(scheduler.kv.block_table(r.request_id)) for r in scheduler.running)
+    assert scheduler.kv.num_used_blocks == running_blocks and not scheduler.kv.holds(sharer.request_id), (
+        f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after an "
+        "admission that failed: a refused allocate_slots takes nothing, so there is nothing to give back"
     )

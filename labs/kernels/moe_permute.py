@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .blocks import cdiv
+
 
 @dataclass(frozen=True)
 class Permutation:
@@ -41,5 +43,5 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
         raise ValueError(f"block must be >= 1, got {block}")
     num_assignments = experts.numel()
     worst_rows = num_assignments + num_experts * (block - 1)
-    num_rows = -(-worst_rows // block) * block
+    num_rows = cdiv(worst_rows, block) * block
     raise NotImplementedError('Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block (hints: make hint LAB=5)')

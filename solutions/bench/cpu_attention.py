@@ -19,6 +19,7 @@ import time
 import torch
 
 from ..kernels import paged_torch
+from ..kernels.blocks import cdiv
 
 LENGTHS = (128, 512, 2048)
 LAYERS, BLOCK_SIZE, KV_HEADS, Q_HEADS, HEAD_DIM = 30, 16, 3, 9, 64  # SmolLM2-135M's attention
@@ -42,7 +43,7 @@ def attention_table(repeats: int = 5) -> list[str]:
     context_run = paged_torch.context_run
     try:
         for length in LENGTHS:
-            num_blocks = -(-length // BLOCK_SIZE)
+            num_blocks = cdiv(length, BLOCK_SIZE)
             k_cache, v_cache = torch.randn(2, LAYERS, num_blocks + 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
             q = torch.randn(1, Q_HEADS, HEAD_DIM)
             best: dict[str, float] = {}

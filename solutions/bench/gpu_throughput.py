@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..engine.sampling_params import SamplingParams
+from ..kernels.blocks import cdiv
 from .decode_steps import device_sync, random_prompts
 from .gpu_report import Section
 from .gpu_setup import ShapeModels, Sizes, hf_generate, label
@@ -73,12 +74,12 @@ def measure_throughput(models: ShapeModels, section: Section) -> None:
         hf_generate(hf, ids, mask, max(wanted), sync)  # the batch holds every slot until its longest is done
         last = time.perf_counter() - start
         done, useful, wall = done + len(batch), useful + sum(wanted), wall + last
-    batches = -(-len(prompts) // s.hf_batch)
+    batches = cdiv(len(prompts), s.hf_batch)
     rows.append(
         {
             "engine": "hf",
             "label": f"HF generate, static batches of {s.hf_batch} in arrival order (left-padded, "
-            f"unsorted): the first {-(-done // s.hf_batch)} of {batches}",
+            f"unsorted): the first {cdiv(done, s.hf_batch)} of {batches}",
             "requests": done,
             "output_tokens": useful,
             "wall_s": wall,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels.blocks import cache_slots, cdiv
 from .paged_attention import _device_name, _median_ms, copy_bandwidth_gbps, graphed
 
 # (hidden, query heads, KV heads, head dim, intermediate)
@@ -42,7 +43,7 @@ def op_calls(
     cos, sin = torch.randn(2, tokens, head_dim, device=device, dtype=dtype)
     block_size = 16
     k_cache, v_cache = torch.zeros(
-        2, -(-tokens // block_size) + 1, block_size, kv_heads, head_dim, device=device, dtype=dtype
+        2, cdiv(tokens, block_size) + 1, block_size, kv_heads, head_dim, device=device, dtype=dtype
     )
     slots = torch.arange(block_size, block_size + tokens, device=device)  # block 0 is the null block
     gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=dtype)
@@ -116,11 +117,11 @@ def decode_layer(
     ):
         linear.weight.data.mul_(linear.in_features**-0.5 / linear.weight.std())
     block_size = 16
-    blocks_per_seq = -(-(context + 1) // block_size)
+    blocks_per_seq = cdiv(context + 1, block_size)
     cache = PagedKVCache(1, batch * blocks_per_seq + 1, block_size, kv_heads, head_dim, dtype, device)
     block_table = (torch.arange(batch * blocks_per_seq, device=device) + 1).view(batch, -1).int()
     positions = torch.full((batch,), context, device=device)
-    slots = block_table[:, context // block_size].long() * block_size + context % block_size
+    slots = cache_slots(block_table.long(), positions, block_size, rows=torch.arange(batch, device=device))
     meta = AttentionMetadata(
         slot_mapping=slots,
         block_table=block_table,

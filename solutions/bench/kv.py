@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..kernels.blocks import cdiv
+
 # The mix: log-normal prompt and output lengths (sigma 1) whose means are ShareGPT's as the PagedAttention
 # paper reports them (161 prompt and 338 output tokens on average), capped at max_model_len in total.
 SHAREGPT_MEAN_PROMPT, SHAREGPT_MEAN_OUTPUT, LENGTH_SIGMA = 161, 338, 1.0
@@ -74,7 +76,7 @@ def contiguous_exact() -> Reservation:
 
 def paged(block_size: int) -> Reservation:
     """Whole blocks, allocated as the sequence grows: at most ``block_size - 1`` rows unused."""
-    return lambda length, shape: -(-length // block_size) * block_size
+    return lambda length, shape: cdiv(length, block_size) * block_size
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels.blocks import cdiv
+
 COPY_BYTES = 1 << 30
 BANDWIDTH_GOAL = 0.6  # of copy bandwidth, at batch >= 16 and context >= 2048
 LATENCY_GOAL = 1.5  # batch-1 decode time over SDPA's, at most
@@ -101,7 +103,7 @@ def random_paged_cache(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k_cache, v_cache, block_table): ``num_seqs`` sequences of ``context`` positions over shuffled blocks
     (block 0, the null block, unused), as a cache looks after many allocations and frees."""
-    blocks_per_seq = -(-context // block_size)
+    blocks_per_seq = cdiv(context, block_size)
     num_blocks = num_seqs * blocks_per_seq + 1
     k_cache, v_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, device=device, dtype=dtype)
     block_table = (torch.randperm(num_blocks - 1, device=device) + 1).view(num_seqs, blocks_per_seq).int()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.blocks import cdiv
 from .gpu_report import machine_name
 from .model_shapes import SHAPES, ModelShape, write_random_checkpoint
 
@@ -54,10 +55,10 @@ def traffic(shape: ModelShape, world_size: int, itemsize: int) -> Traffic:
     h, d, n = shape.hidden_size, shape.head_dim, world_size
     q, kv, inter = shape.num_heads * d, shape.num_kv_heads * d, shape.intermediate_size
     per_layer = (q + 2 * kv) * h + h * q + 2 * inter * h + inter * h
-    linear = shape.num_layers * per_layer // n + -(-shape.vocab_size // n) * h
+    linear = shape.num_layers * per_layer // n + cdiv(shape.vocab_size, n) * h
     norms = (2 * shape.num_layers + 1) * h
     all_reduced = (2 * shape.num_layers + 1) * h if n > 1 else 0
-    gather = (n - 1) * -(-shape.vocab_size // n) if n > 1 else 0
+    gather = (n - 1) * cdiv(shape.vocab_size, n) if n > 1 else 0
     collectives = 2 * shape.num_layers + 2 if n > 1 else 0
     return Traffic((linear + norms + h) * itemsize, all_reduced * itemsize, gather * itemsize, collectives)
 

@@ -1,16 +1,17 @@
 """The KV-cache manager: each request's block table, built from the allocator and the prefix cache.
 
-The scheduler asks it for room (``allocate_slots``) before a step, the runner reads block tables to
-build slot mappings, and finished requests give their blocks back (``free``). It never touches
-tensors: the copy-on-write copies it decides are queued as ``(src, dst)`` block pairs for the runner.
-It reads only these request attributes: ``request_id``, ``all_token_ids``, ``num_tokens``,
-``num_computed``.
+The scheduler looks a waiting request's prompt up in the prefix cache (``lookup_prefix``, which changes
+nothing) and asks for room (``allocate_slots``, which takes the cached prefix's blocks and any fresh ones, all
+or nothing) before a step; the runner reads block tables to build slot mappings; finished requests give their
+blocks back (``free``). It never touches tensors: the copy-on-write copies it decides are queued as
+``(src, dst)`` block pairs for the runner. It reads only these request attributes: ``request_id``,
+``all_token_ids``, ``num_tokens``, ``num_computed`` (``CacheRequest``).
 
     request A (40 tokens, block_size 16):  table [7, 3, 9]
         positions  0..15 -> block 7    rows  7*16 ..  7*16+15
         positions 16..31 -> block 3    rows  3*16 ..  3*16+15
         positions 32..39 -> block 9    rows  9*16 ..  9*16+7   (8 rows of block 9 still empty)
-    slot (row) of position p = table[p // block_size] * block_size + p % block_size
+    slot (row) of position p = table[p // block_size] * block_size + p % block_size   (kernels/blocks.py)
 
 Invariants, after every public call:
 
@@ -24,12 +25,43 @@ Invariants, after every public call:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..kernels.blocks import cache_slots, cdiv
 from .block_allocator import BlockAllocator
-from .prefix_cache import ROOT_HASH, BlockHash, PrefixCache, hash_block_tokens
+from .prefix_cache import ROOT_HASH, BlockHash, PrefixCache, chain_block_hashes
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+class CacheRequest(Protocol):
+    """What the manager reads of a request (the engine's ``Request``; the tests' ``FakeRequest``)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    num_computed: int
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The cached full blocks that start a request's tokens, found by ``lookup_prefix`` and not yet taken:
+    ``blocks[i]`` holds tokens ``[i * block_size, (i + 1) * block_size)`` under chained key ``keys[i]``.
+    Valid until the cache next changes (the scheduler passes it to ``allocate_slots`` in the same step)."""
+
+    blocks: tuple[int, ...]
+    keys: tuple[BlockHash, ...]
+    num_tokens: int
+
+
+NO_PREFIX = CachedPrefix((), (), 0)
 
 
 class KVCacheManager:
@@ -46,7 +78,9 @@ class KVCacheManager:
         self._keys: dict[str, list[BlockHash]] = {}  # chained keys of each request's first full blocks
         self._copies: list[tuple[int, int]] = []
         self._changed: set[str] = set()  # requests whose table changed since take_changed_tables
-        self.num_queried_tokens = 0  # prefix-cache statistics, over every get_computed_tokens call
+        self.num_queried_tokens = (
+            0  # prefix-cache statistics, over every admission (allocate_slots with a prefix)
+        )
         self.num_hit_tokens = 0
 
     # ------------------------------------------------------------------ how much room there is
@@ -91,81 +125,103 @@ class KVCacheManager:
                 f"positions [{start}, {end}) are outside request {request_id!r}'s {len(table)} blocks "
                 f"({len(table) * size} slots)"
             )
-        return [table[p // size] * size + p % size for p in range(start, end)]
+        return cache_slots(np.array(table), np.arange(start, end), size).tolist()
 
     # ------------------------------------------------------------------ the request life cycle
 
-    def get_computed_tokens(self, request) -> int:
-        """Attach the longest cached run of full blocks that starts ``request``'s tokens; return its tokens.
+    def lookup_prefix(self, request: CacheRequest) -> CachedPrefix:
+        """The longest cached run of full blocks that starts ``request``'s tokens. Changes nothing: the blocks
+        are taken by ``allocate_slots(request, n, prefix)`` when the request is admitted.
 
-        At most ``num_tokens - 1`` tokens are reused, so at least one is left to compute (the step
-        needs a query to produce the next token's logits). Call once, when a waiting request is
-        admitted; without prefix caching it only registers the request and returns 0.
+        At most ``num_tokens - 1`` tokens are found, so at least one is left to compute (the step needs a
+        query to produce the next token's logits). Without prefix caching the prefix is empty.
         """
-        request_id = request.request_id
-        if request_id in self._tables:
-            raise ValueError(
-                f"request {request_id!r} already holds blocks: get_computed_tokens runs once, at admission"
-            )
-        table: list[int] = []
-        keys: list[BlockHash] = []
-        self._tables[request_id], self._keys[request_id] = table, keys
-        self._changed.add(request_id)
         if not self.enable_prefix_caching:
-            return 0
-        tokens, size = request.all_token_ids, self.block_size
-        key = ROOT_HASH
-        for index in range((request.num_tokens - 1) // size):
-            key = hash_block_tokens(key, tokens[index * size : (index + 1) * size])
+            return NO_PREFIX
+        size = self.block_size
+        keys = chain_block_hashes(request.all_token_ids, size, stop=(request.num_tokens - 1) // size)
+        blocks = []
+        for key in keys:
             block = self.prefix_cache.lookup(key)
             if block is None:
                 break
-            if self.prefix_cache.is_evictable(block):
-                self.prefix_cache.unpark(block)
-            self.allocator.incref(block)
-            table.append(block)
-            keys.append(key)
-        self.num_queried_tokens += request.num_tokens
-        self.num_hit_tokens += len(table) * size
-        return len(table) * size
+            blocks.append(block)
+        return CachedPrefix(tuple(blocks), tuple(keys[: len(blocks)]), len(blocks) * size)
 
-    def allocate_slots(self, request, num_new_tokens: int) -> bool:
-        """Make ``request``'s table cover ``num_computed + num_new_tokens`` tokens; False if blocks run short.
+    def allocate_slots(
+        self, request: CacheRequest, num_new_tokens: int, prefix: CachedPrefix | None = None
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more of ``request``'s tokens; False, changing nothing, if blocks run
+        short.
 
-        The new tokens' K/V will be written at positions ``[num_computed, num_computed + num_new_tokens)``.
-        Any block they land in that another table also lists is replaced by a fresh block first
-        (copy-on-write; the pair ``(src, dst)`` is queued for ``take_copies`` when ``src`` holds
-        computed tokens of this request). All or nothing: if the fresh blocks needed exceed
-        ``num_free_blocks``, nothing changes and it returns False.
+        A request that holds blocks writes the new tokens' K/V at positions ``[num_computed, num_computed +
+        num_new_tokens)``. A request's first call (its admission: ``num_computed`` still 0) acquires the blocks
+        of ``prefix`` (``lookup_prefix``'s, or None), one reference each, and the new tokens follow them:
+        positions ``[prefix.num_tokens, prefix.num_tokens + num_new_tokens)``; the caller then sets
+        ``num_computed = prefix.num_tokens``. Any block the new tokens land in that another table also lists is
+        replaced by a fresh block first (copy-on-write; the pair ``(src, dst)`` is queued for ``take_copies``
+        when ``src`` holds computed tokens of this request). All or nothing: if the fresh blocks needed exceed
+        the free ones (cached blocks the prefix revives no longer count as free), nothing changes.
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         request_id, size = request.request_id, self.block_size
-        table = self._tables.get(request_id, [])
+        table = self._tables.get(request_id)
+        if table is None:
+            return self._admit(request, num_new_tokens, prefix or NO_PREFIX)
+        if prefix is not None:
+            raise ValueError(
+                f"request {request_id!r} already holds blocks: a cached prefix is acquired by its first "
+                "allocate_slots only"
+            )
         start, end = request.num_computed, request.num_computed + num_new_tokens
         if start > len(table) * size:
             raise ValueError(
-                f"request {request_id!r} has {start} computed tokens but its table covers only {len(table) * size}"
+                f"request {request_id!r} has {start} computed tokens but its table covers only "
+                f"{len(table) * size}"
             )
-        written = range(start // size, min(len(table), _cdiv(end, size))) if num_new_tokens else range(0)
+        written = range(start // size, min(len(table), cdiv(end, size))) if num_new_tokens else range(0)
         shared = [index for index in written if self.allocator.ref_counts[table[index]] > 1]
-        num_appended = max(0, _cdiv(end, size) - len(table))
+        num_appended = max(0, cdiv(end, size) - len(table))
         needed = num_appended + len(shared)
-        if needed and needed > self.num_free_blocks:
+        if needed > self.num_free_blocks:
             return False
         for index in shared:
             self._copy_on_write(table, index, start)
         for index in written:
             if self.prefix_cache.is_cached(table[index]):  # ours alone now, and about to change
                 self.prefix_cache.uncache(table[index])
-        if needed or request_id not in self._tables:
+        if needed:
             table.extend(self._take_free_block() for _ in range(num_appended))
             self._changed.add(request_id)
-            self._tables[request_id] = table
-            self._keys.setdefault(request_id, [])
         return True
 
-    def cache_full_blocks(self, request) -> None:
+    def _admit(self, request: CacheRequest, num_new_tokens: int, prefix: CachedPrefix) -> bool:
+        """A request's first blocks: ``prefix``'s, acquired, then fresh ones for ``num_new_tokens``; all or
+        nothing. The prefix's blocks are full and come before the new tokens, so none of them is written."""
+        if request.num_computed:
+            raise ValueError(
+                f"request {request.request_id!r} holds no blocks but counts {request.num_computed} computed "
+                "tokens: set num_computed = prefix.num_tokens after allocate_slots admits it, 0 until then"
+            )
+        num_fresh = cdiv(prefix.num_tokens + num_new_tokens, self.block_size) - len(prefix.blocks)
+        revived = sum(self.prefix_cache.is_evictable(block) for block in prefix.blocks)
+        if num_fresh > self.num_free_blocks - revived:
+            return False
+        for block in prefix.blocks:
+            if self.prefix_cache.is_evictable(block):
+                self.prefix_cache.unpark(block)
+            self.allocator.incref(block)
+        table = list(prefix.blocks)
+        table.extend(self._take_free_block() for _ in range(num_fresh))
+        self._tables[request.request_id], self._keys[request.request_id] = table, list(prefix.keys)
+        self._changed.add(request.request_id)
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += request.num_tokens
+            self.num_hit_tokens += prefix.num_tokens
+        return True
+
+    def cache_full_blocks(self, request: CacheRequest) -> None:
         """Register each block fully covered by ``request.num_computed`` tokens under its chained key.
 
         Idempotent. A block whose key is already cached (another request computed the same prefix
@@ -177,16 +233,15 @@ class KVCacheManager:
         num_full = min(request.num_computed // self.block_size, len(table))
         if len(keys) >= num_full:
             return
-        tokens, size = request.all_token_ids, self.block_size
-        for index in range(len(keys), num_full):
-            key = hash_block_tokens(
-                keys[-1] if keys else ROOT_HASH, tokens[index * size : (index + 1) * size]
-            )
+        parent = keys[-1] if keys else ROOT_HASH
+        for index, key in enumerate(
+            chain_block_hashes(request.all_token_ids, self.block_size, len(keys), parent, num_full), len(keys)
+        ):
             keys.append(key)
             if not self.prefix_cache.is_cached(table[index]):
                 self.prefix_cache.insert(key, table[index])
 
-    def fork(self, parent, child) -> None:
+    def fork(self, parent: CacheRequest, child: CacheRequest) -> None:
         """``child`` starts with ``parent``'s blocks, shared (parallel sampling, ``n > 1``).
 
         Both tables list the same blocks, each reference count one higher; the first write into a
@@ -210,19 +265,19 @@ class KVCacheManager:
         # END SOLUTION
         self._changed.add(child.request_id)
 
-    def truncate(self, request, num_tokens: int) -> None:
+    def truncate(self, request: CacheRequest, num_tokens: int) -> None:
         """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         table = self._table(request.request_id)
-        keep = _cdiv(num_tokens, self.block_size)
+        keep = cdiv(num_tokens, self.block_size)
         if len(table) > keep:
             self._changed.add(request.request_id)
         while len(table) > keep:
             self._release(table.pop())
         del self._keys[request.request_id][num_tokens // self.block_size :]
 
-    def free(self, request) -> None:
+    def free(self, request: CacheRequest) -> None:
         """Give back every block of ``request``; raises ValueError if it holds none (a double free).
 
         Its full computed blocks are registered first (``cache_full_blocks``), so a request that
@@ -247,7 +302,7 @@ class KVCacheManager:
         return copies
 
     def prefix_cache_hit_rate(self) -> float:
-        """Share of the tokens looked up by ``get_computed_tokens`` that were found cached."""
+        """Share of the admitted requests' tokens that were found in the prefix cache."""
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
     # ------------------------------------------------------------------ blocks in and out

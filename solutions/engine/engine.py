@@ -22,6 +22,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
+from ..kernels.blocks import cdiv
 from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
@@ -141,7 +142,7 @@ class Engine:
         elif budget is None:
             budget = CPU_KV_CACHE_BYTES
         num_blocks = budget // per_block
-        blocks_per_seq = -(-self.max_model_len // cfg.kv_block_size)
+        blocks_per_seq = cdiv(self.max_model_len, cfg.kv_block_size)
         if num_blocks < blocks_per_seq + 1:  # + the null block
             needed = (blocks_per_seq + 1) * per_block
             raise ValueError(

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..kernels.blocks import cache_slots, cdiv
+
 if TYPE_CHECKING:
     from ..cache.kv_cache_manager import KVCacheManager
     from .request import Request
@@ -121,7 +123,7 @@ class InputBatch:
         device: torch.device,
     ):
         self.block_size = block_size
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = cdiv(max_model_len, block_size)
         self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.num_blocks = [0] * max_num_seqs
@@ -205,10 +207,7 @@ class InputBatch:
 
     def cache_slots(self, row: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The cache rows of ``positions`` of the request in ``row`` (or of each position's own row)."""
-        return (
-            self.block_table[row, positions // self.block_size] * self.block_size
-            + positions % self.block_size
-        )
+        return cache_slots(self.block_table, positions, self.block_size, rows=row)
 
     # -- one step ------------------------------------------------------------------------------------------
 
@@ -253,7 +252,7 @@ class InputBatch:
             raise ValueError(f"a step of {num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
         seq_lens = computed + counts
         if layout is None:
-            width = -(-int(seq_lens.max(initial=1)) // self.block_size)
+            width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
             layout = StepLayout(num_tokens, num_logits, batch, width)
         host_views, device_views = self._views(layout)
         ids, positions, slots, logits_rows, query_start, lens, table = host_views

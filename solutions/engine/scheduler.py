@@ -71,10 +71,12 @@ class Scheduler:
         #  record it in out.preempted), giving up when the victim is the request itself; on success
         #  record num_new and spend it. Then, only if nothing was preempted, admit from the front of
         #  self.waiting while budget and max_num_seqs allow.
-        # HINT: Admitting: request.num_computed = self.kv.get_computed_tokens(request) first (prefix-cache
-        #  hits), then allocate_slots for min(the tokens left, budget); if that refuses,
-        #  self.kv.free(request), reset num_computed to 0 and stop admitting; else popleft, status
-        #  RUNNING, append to running, record its tokens.
+        # HINT: Admitting: prefix = self.kv.lookup_prefix(request) (the cached blocks that start its prompt: a
+        #  look-up, nothing taken yet); self.kv.allocate_slots(request, num_new, prefix) with num_new =
+        #  min(the tokens after the prefix, budget) takes them and any fresh blocks, all or nothing. If it
+        #  refuses, stop admitting: nothing was taken, so nothing needs undoing. Else set
+        #  request.num_computed = prefix.num_tokens, popleft, status RUNNING, append to running, record
+        #  its tokens.
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -92,12 +94,11 @@ class Scheduler:
         # A step that had to preempt admits nobody: the cache is full.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             request = self.waiting[0]
-            request.num_computed = self.kv.get_computed_tokens(request)
-            num_new = min(request.num_tokens - request.num_computed, budget)
-            if not self.kv.allocate_slots(request, num_new):
-                self.kv.free(request)
-                request.num_computed = 0
+            prefix = self.kv.lookup_prefix(request)
+            num_new = min(request.num_tokens - prefix.num_tokens, budget)
+            if not self.kv.allocate_slots(request, num_new, prefix):
                 break
+            request.num_computed = prefix.num_tokens
             self.waiting.popleft()
             request.status = Status.RUNNING
             self.running.append(request)

@@ -13,7 +13,6 @@ streams fast, but when requests arrive faster than a small batch serves them the
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..cache.kv_cache_manager import KVCacheManager
 from ..engine.request import Request, RequestGroup
 from ..engine.sampling_params import SamplingParams
 from ..engine.scheduler import Scheduler
+from ..kernels.blocks import cdiv
 from .planner import WeightFormat
 
 
@@ -66,7 +66,7 @@ def simulate_bus(
     if not arrival_rate > 0:
         raise ValueError(f"arrival_rate must be > 0 requests/s (inf: all at once), got {arrival_rate}")
     max_len = prompt_tokens + output_tokens
-    kv = KVCacheManager(1 + max_num_seqs * math.ceil(max_len / block_size), block_size)
+    kv = KVCacheManager(1 + max_num_seqs * cdiv(max_len, block_size), block_size)
     scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, max_len)
     rng = random.Random(seed)
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .blocks import cdiv
 from .tuning import autotunes_on, quick_bench
 
 FLOAT_16_BITS = 0x41800000  # float32 16.0: a code in bits 19..22 beside these bits reads 16 + code
@@ -237,7 +238,7 @@ def _sm_count(device_index: int) -> int:
 
 def _splits_worth_timing(n: int, k: int, block_n: int, sms: int) -> list[int]:
     """1, and larger splits while the grid stays within four waves of the SMs and each split has 2 K tiles."""
-    n_tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, BLOCK_K)
+    n_tiles, k_tiles = cdiv(n, block_n), cdiv(k, BLOCK_K)
     return [s for s in _SPLITS if s == 1 or (n_tiles * s <= 4 * sms and k_tiles >= 2 * s)]
 
 
@@ -271,7 +272,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 
 def _sum_splits(partial: torch.Tensor, out: torch.Tensor, split: int) -> None:
     block = 1024
-    _sum_splits_kernel[(triton.cdiv(out.numel(), block),)](partial, out, out.numel(), split, block)
+    _sum_splits_kernel[(cdiv(out.numel(), block),)](partial, out, out.numel(), split, block)
 
 
 def _sum_splits_when_timed(nargs: dict, exception: Exception | None) -> None:
@@ -393,9 +394,9 @@ def awq_gemm(
     args += [x.stride(0), qweight.stride(0), *scales.stride(), *zeros.stride(), out.stride(0), FLOAT_16_BITS]
     meta = dict(GROUP=group_size, BLOCK_K=BLOCK_K, EVEN_K=k % BLOCK_K == 0)
     if gemv:
-        grid = lambda c: (m, triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
+        grid = lambda c: (m, cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
     else:
-        tiles = lambda c: triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])  # noqa: E731
+        tiles = lambda c: cdiv(m, c["BLOCK_M"]) * cdiv(n, c["BLOCK_N"])  # noqa: E731
         grid = lambda c: (tiles(c), 1, c["SPLIT_K"])  # noqa: E731
         meta["DOT_PRECISION"] = "ieee" if float32 else "tf32"
     if autotuned is not None:

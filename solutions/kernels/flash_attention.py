@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .attention import check_attention_inputs
+from .blocks import cdiv
 from .tuning import TunedKernel, pow2_bucket
 
 LOG2_E = 1.4426950408889634
@@ -236,7 +237,7 @@ def flash_attention(
     lse = torch.empty((batch, q_heads, q_len), device=q.device, dtype=torch.float32)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     _flash_fwd_tuned(
-        lambda meta: (triton.cdiv(q_len, meta["BLOCK_M"]), batch * q_heads),
+        lambda meta: (cdiv(q_len, meta["BLOCK_M"]), batch * q_heads),
         q, k, v, out, lse,
         q, q,  # cu_seqlens unused when VARLEN is off
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
@@ -285,7 +286,7 @@ def flash_attention_varlen(
     # With VARLEN the kernel reads each sequence's lengths from the offsets: q_len is only the tuning key.
     tune_len = pow2_bucket(max_seqlen_q, 16, 1 << 16)
     _flash_fwd_tuned(
-        lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), batch * q_heads),
+        lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), batch * q_heads),
         q, k, v, out, out,  # LSE unused when STORE_LSE is off
         cu_q, cu_k,
         0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0),

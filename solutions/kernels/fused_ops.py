@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .blocks import cdiv
+
 
 @triton.jit
 def _rounded(x, DTYPE: tl.constexpr):
@@ -285,7 +287,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens == 0 or inter == 0:
         return out
     block = SILU_BLOCK if gate_up.is_cuda else triton.next_power_of_2(inter)
-    _silu_mul[(tokens, triton.cdiv(inter, block))](
+    _silu_mul[(tokens, cdiv(inter, block))](
         gate_up, out, gate_up.stride(0), out.stride(0), inter,
         BLOCK=block, num_warps=_row_warps(block, gate_up.device),
     )  # fmt: skip

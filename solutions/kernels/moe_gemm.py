@@ -40,6 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .blocks import cdiv
 from .moe_permute import Permutation, permute
 from .tuning import autotunes_on, quick_bench
 
@@ -217,7 +218,7 @@ def grouped_gemm(
         TOP_K=top_k, GATED=gated, SCALE_ROWS=row_scale is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=perm.block,
     )  # fmt: skip
-    grid = lambda cfg: (num_blocks * triton.cdiv(n_out, cfg["BLOCK_N"]),)  # noqa: E731
+    grid = lambda cfg: (num_blocks * cdiv(n_out, cfg["BLOCK_N"]),)  # noqa: E731
     if not autotunes_on(a.device):  # the interpreter: one fixed small tile
         _grouped_gemm_kernel[grid(INTERPRETER_TILES)](*args, **meta, **INTERPRETER_TILES)
     elif os.environ.get("FASTMODE_AUTOTUNE", "1") == "0":  # correctness runs: the first candidate, untimed

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .blocks import cdiv
+
 
 @dataclass(frozen=True)
 class Permutation:
@@ -40,7 +42,7 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
         raise ValueError(f"block must be >= 1, got {block}")
     num_assignments = experts.numel()
     worst_rows = num_assignments + num_experts * (block - 1)
-    num_rows = -(-worst_rows // block) * block
+    num_rows = cdiv(worst_rows, block) * block
     # BEGIN SOLUTION Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block
     # HINT: A grouped GEMM multiplies a tile of BLOCK rows by one expert's weights, so the T * k assignments
     #  are sorted by expert, each expert's group starts on a block boundary (padded to a multiple of

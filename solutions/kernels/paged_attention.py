@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .blocks import cdiv
 from .flash_attention import (
     INTERPRETER_PREFILL,
     LOG2_E,
@@ -381,10 +382,10 @@ def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch
     For a CUDA graph, call it with the bucket's batch and the engine's ``max_model_len`` and pass the result
     as ``num_splits``: every sequence then cuts its own context into that many ranges."""
     if device.type != "cuda":
-        return max(1, triton.cdiv(max_seq_len, 1024))
+        return max(1, cdiv(max_seq_len, 1024))
     index = torch.cuda.current_device() if device.index is None else device.index
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _sm_count(index), max(1, batch * kv_heads))
-    return max(1, min(wanted, triton.cdiv(max_seq_len, MIN_SPLIT_LEN), MAX_SPLITS))
+    wanted = cdiv(PROGRAMS_PER_SM * _sm_count(index), max(1, batch * kv_heads))
+    return max(1, min(wanted, cdiv(max_seq_len, MIN_SPLIT_LEN), MAX_SPLITS))
 
 
 def paged_attention(
@@ -444,7 +445,7 @@ def paged_attention(
             block_table.stride(0), *target.stride()[:3], lse.stride(0), lse.stride(1),
             group, splits, qk_scale,
             pow2_bucket(batch * kv_heads * splits, 1, 1 << 16),
-            pow2_bucket(triton.cdiv(max_seq_len, splits), 16, 1 << 16),
+            pow2_bucket(cdiv(max_seq_len, splits), 16, 1 << 16),
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=block_h, SPLIT=splits > 1,
         )  # fmt: skip
         if splits > 1:
@@ -454,7 +455,7 @@ def paged_attention(
             )  # fmt: skip
         return out.to(in_dtype)
     _paged_prefill_tuned(
-        lambda meta: (triton.cdiv(max_query_len, meta["BLOCK_M"]), batch * q_heads),
+        lambda meta: (cdiv(max_query_len, meta["BLOCK_M"]), batch * q_heads),
         q, k_cache, v_cache, out,
         block_table, query_start_loc, seq_lens,
         q.stride(0), q.stride(1), *cache_strides,
@@ -491,7 +492,7 @@ def tune_decode(
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if num_blocks < 2:
         raise ValueError("tune_decode needs a cache with at least one block besides the null block 0")
-    blocks_per_seq = triton.cdiv(max_seq_len, block_size)
+    blocks_per_seq = cdiv(max_seq_len, block_size)
     bytes_per_block = 2 * block_size * kv_heads * head_dim * k_cache.element_size()
     usable = min(num_blocks - 1, max(1, TUNE_CACHE_BYTES // bytes_per_block))
     # Sequences walk the cache's blocks cyclically: distinct blocks up to TUNE_CACHE_BYTES, like a full cache.

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .blocks import cdiv
+
 DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups of similar context length
 MIN_BUCKET = (
     4  # ... of at least this many sequences (each group costs a gather and an attention call a layer)
@@ -142,7 +144,7 @@ class TorchPagedStep:
         max_seq_len: int,
         dtype: torch.dtype,
     ):
-        self.num_blocks = -(-max_seq_len // block_size)
+        self.num_blocks = cdiv(max_seq_len, block_size)
         q_lens = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
         self.num_single = num_single = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
         self.num_seqs = len(q_lens)
@@ -215,7 +217,7 @@ class TorchPagedStep:
                 member_lens = torch.tensor([lens[m] for m in members] if rows is not None else lens)
                 visible = torch.arange(longest)[None, :] < member_lens[:, None]
                 mask = _additive(visible.to(table.device), dtype)[:, None, None, :]
-            bucket_table = bucket_table[:, : -(-longest // block_size)]
+            bucket_table = bucket_table[:, : cdiv(longest, block_size)]
             run = None
             if len(lens) == 1:
                 run = context_run(bucket_table[0].tolist(), longest, block_size, dtype, table.device)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+from ..kernels.blocks import cdiv
 from ..model.config import ModelConfig
 
 
@@ -60,7 +61,7 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
 def vocab_rows(vocab_size: int, world_size: int) -> int:
     """Rows of each rank's embedding / LM head shard: ``ceil(V / N)`` (the last shard is padded with zero
     rows)."""
-    return -(-vocab_size // world_size)
+    return cdiv(vocab_size, world_size)
 
 
 def vocab_range(vocab_size: int, rank: int, world_size: int) -> tuple[int, int]:

@@ -188,12 +188,12 @@ class Speculator:
             path, token = walk_tree(
                 tree, sampling_probs(logits, [request.params] * len(tree)), request.generator
             )
-        moves = [(before + node, before + 1 + depth) for depth, node in enumerate(path) if node != depth + 1]
+        # Offsets from the root's position: the accepted node at depth d moves to offset d + 1.
+        moves = [(node, depth + 1) for depth, node in enumerate(path) if node != depth + 1]
         if moves:
-            table, size = self.kv.block_table(request.request_id), self.cache.block_size
+            slots = self.kv.slot_mapping(request.request_id, before, before + len(tree))
             src, dst = (
-                torch.tensor([table[p // size] * size + p % size for p in column], device=self.cache.k.device)
-                for column in zip(*moves)
+                torch.tensor([slots[i] for i in column], device=self.cache.k.device) for column in zip(*moves)
             )
             for layers in (self.cache.k, self.cache.v):
                 flat = layers.view(layers.shape[0], -1, *layers.shape[3:])

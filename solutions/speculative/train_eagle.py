@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..kernels.blocks import cdiv
 from ..model.llama import LlamaModel
 from .eagle import DATA_DIR, DraftKV, EagleHead, most_frequent_tokens, save_head, target_features
 
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    steps = args.epochs * math.ceil(len(train) / args.batch)
+    steps = args.epochs * cdiv(len(train), args.batch)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
     )
