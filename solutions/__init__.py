@@ -11,13 +11,15 @@ import os as _os
 import torch as _torch
 
 if not _torch.cuda.is_available():
-    # Without a GPU, Triton kernels run only through its interpreter, which must be chosen before the first
-    # import of triton.language (a kernel module imported later cannot switch it).
+    # Without a GPU, Triton kernels run only through its interpreter. Triton reads TRITON_INTERPRET when a kernel
+    # is defined (@triton.jit, at its module's import), so the package decides here, before any kernel module
+    # loads; tools/make_labs.py copies this file into labs/__init__.py, so `import labs` decides it too. Every
+    # kernel module is then imported like any other module.
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .config import EngineConfig
 from .engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .engine.sampling_params import SamplingParams
 from .llm import LLM
+from .sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineConfig"]

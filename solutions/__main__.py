@@ -1,12 +1,22 @@
-"""Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME``."""
+"""Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME | calibrate-awq | moefy |
+train-eagle``. The engine's own commands are here; a benchmark or a driver is one module of ``cli/``, imported
+by name when its command runs."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from pathlib import Path
+
+import torch
 
 from .engine_options import add_engine_args, engine_options
+from .llm import LLM
+from .quant.model import build_model
+from .quant.perplexity import perplexity as perplexity_of
+from .sampling_params import SamplingParams
+from .serve.openai_server import run_server
 
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
@@ -22,6 +32,11 @@ BENCHES = {
     "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
     "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
     "tp": "tensor parallelism: tokens/s at N ranks, bytes all-reduced vs weight bytes per token, H200 prediction",
+}
+DRIVERS = {
+    "calibrate-awq": ("calibrate_awq", "AWQ scales and clips for a model, written to data/awq/ (Lesson 6)"),
+    "moefy": ("moefy", "split SmolLM2's FFNs into experts (MoEfication) and score each top-k (Lesson 5)"),
+    "train-eagle": ("train_eagle", "train the EAGLE draft head by self-distillation (Lesson 4)"),
 }
 
 
@@ -44,9 +59,7 @@ def _sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
 
 
-def _sampling(args):
-    from .engine.sampling_params import SamplingParams
-
+def _sampling(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -58,13 +71,11 @@ def _sampling(args):
     )
 
 
-def _llm(args):
-    from .llm import LLM
-
+def _llm(args: argparse.Namespace) -> LLM:
     return LLM(**engine_options(args))
 
 
-def generate(args) -> int:
+def generate(args: argparse.Namespace) -> int:
     llm = _llm(args)
     for output in llm.stream(args.prompt, _sampling(args)):
         print(output.outputs[0].delta_text, end="", flush=True)
@@ -72,7 +83,7 @@ def generate(args) -> int:
     return 0
 
 
-def chat(args) -> int:
+def chat(args: argparse.Namespace) -> int:
     llm = _llm(args)
     params = _sampling(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -100,9 +111,7 @@ def chat(args) -> int:
     return 0
 
 
-def serve(args) -> int:
-    from .serve.openai_server import run_server
-
+def serve(args: argparse.Namespace) -> int:
     run_server(
         engine_options(args),
         host=args.host,
@@ -114,19 +123,12 @@ def serve(args) -> int:
     return 0
 
 
-def perplexity(args) -> int:
-    from pathlib import Path
-
-    import torch
-
-    from .quant.model import build_model
-    from .quant.perplexity import perplexity as score
-
+def perplexity(args: argparse.Namespace) -> int:
     model, tokenizer = build_model(args.quantization, args.w_bit, args.group_size)
     ids = torch.tensor(tokenizer.encode(Path(args.file).read_text())[: args.max_tokens])
     label = f"{args.quantization} INT{args.w_bit} g{args.group_size}" if args.quantization else "float32"
     print(f"{args.file}: {len(ids)} tokens, windows of {args.window}, weights {label}")
-    print(f"perplexity: {score(model, ids, args.window):.4f}")
+    print(f"perplexity: {perplexity_of(model, ids, args.window):.4f}")
     return 0
 
 
@@ -135,13 +137,15 @@ EXAMPLES = """examples:
   python -m solutions chat --temperature 0.7
   python -m solutions serve --port 8000            # then: curl localhost:8000/v1/models
   python -m solutions bench serving --help
+  python -m solutions calibrate-awq --w-bit 4 --group-size 64
 Every command takes the engine options (--device, --max-num-seqs, ...): see `python -m solutions serve --help`."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m solutions",
-        description="The Fast Mode inference engine: generate, chat, serve the OpenAI API, or run a benchmark.",
+        description="The Fast Mode inference engine: generate, chat, serve the OpenAI API, run a benchmark, or "
+        "make a lesson's artefact (AWQ scales, a MoE-fied model, the EAGLE head).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -183,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "name", nargs="?", choices=sorted(BENCHES), help="; ".join(f"{k}: {v}" for k, v in BENCHES.items())
     )
+    for name, (_, help_text) in DRIVERS.items():  # each parses its own options: `NAME --help` lists them
+        commands.add_parser(name, help=help_text, add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         if args.name is None:  # `bench` or `bench --help`: which benchmarks there are
             bench.print_help()
             return 0 if {"-h", "--help"} & set(rest) else 2
-        return importlib.import_module(f".bench.{args.name}", __package__).main(rest)
+        return importlib.import_module(f".cli.bench.{args.name}", __package__).main(rest)
+    if args.command in DRIVERS:
+        return importlib.import_module(f".cli.{DRIVERS[args.command][0]}", __package__).main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return {"generate": generate, "chat": chat, "serve": serve, "perplexity": perplexity}[args.command](args)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels.cpu_linear import native_bf16
+
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATION_METHODS = ("rtn", "awq")
 SPECULATIVE_METHODS = ("ngram", "eagle")
@@ -23,9 +25,10 @@ class EngineConfig:
     KV cache (Lesson 2): ``kv_cache_memory`` bytes of paged blocks of ``kv_block_size`` tokens (default on CPU
     1 GiB; on CUDA ``gpu_memory_utilization`` of the memory left after the weights), with automatic prefix
     caching unless ``enable_prefix_caching`` is False.
-    ``attention_backend`` "auto" (or ``$FASTMODE_ATTENTION``) picks the attention implementation.
+    ``attention_backend`` "auto" picks the attention implementation at each call (``$FASTMODE_ATTENTION``, else
+    Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``).
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
-    ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions.quant.awq``.
+    ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions calibrate-awq``.
     ``skip_tokenizer_init`` loads no tokenizer (a folder without tokenizer files): prompts must be token ids,
     and outputs carry token ids with empty text.
     ``speculative`` "ngram" or "eagle" drafts ``num_speculative_tokens`` tokens per request and step for the
@@ -62,6 +65,14 @@ class EngineConfig:
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        self._resolve_device()
+        self._check_scheduling_and_cache()
+        self._check_methods()
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel()
+
+    def _resolve_device(self) -> None:
+        """``device`` and ``dtype`` from "auto" to what this machine has."""
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -69,11 +80,12 @@ class EngineConfig:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype == "auto":
-            self.dtype = (
-                "bfloat16" if self.device.startswith("cuda") or self._int4_on_native_bf16_cpu() else "float32"
-            )
+            on_cuda = self.device.startswith("cuda")
+            self.dtype = "bfloat16" if on_cuda or self._int4_on_native_bf16_cpu() else "float32"
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+
+    def _check_scheduling_and_cache(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len < 2:
@@ -90,21 +102,28 @@ class EngineConfig:
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.attention_backend == "auto":
-            self.attention_backend = os.environ.get("FASTMODE_ATTENTION", "auto")
+
+    def _check_methods(self) -> None:
+        """The attention backend, quantization and speculative decoding options."""
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
             )
-        if self.attention_backend == "triton" and self.device == "cpu":
-            # No GPU: the Triton kernel runs through its interpreter, which is read when triton loads a kernel module.
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # read when a kernel module is imported
+        if self.attention_backend == "triton" and self.device == "cpu" and not interpreted:
+            raise ValueError(
+                "attention_backend='triton' on a CPU runs the kernels through Triton's interpreter, which this "
+                "process did not choose: set TRITON_INTERPRET=1 before importing solutions (a machine without "
+                "a GPU sets it by itself)"
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
                 f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}"
             )
         if self.w_bit not in (2, 3, 4):
             raise ValueError(f"w_bit must be 2, 3 or 4 (codes are stored in 4-bit fields), got {self.w_bit}")
+        if self.group_size < 8 or self.group_size % 8:
+            raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
         if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(
                 f"speculative must be None or one of {SPECULATIVE_METHODS}, got {self.speculative!r}"
@@ -120,14 +139,10 @@ class EngineConfig:
             )
         if self.speculative_tree_nodes and self.speculative != "eagle":
             raise ValueError(f"draft trees need speculative='eagle', got speculative={self.speculative!r}")
-        if self.group_size < 8 or self.group_size % 8:
-            raise ValueError(f"group_size must be a positive multiple of 8, got {self.group_size}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"
             )
-        if self.tensor_parallel_size > 1:
-            self._check_tensor_parallel()
 
     def _check_tensor_parallel(self) -> None:
         """What tensor parallelism does not support in this version fails here, before any process starts."""
@@ -156,8 +171,6 @@ class EngineConfig:
     def _int4_on_native_bf16_cpu(self) -> bool:
         """Quantized on a CPU that computes bfloat16 natively: torch's int4 kernel takes bfloat16 activations only
         (float32 ones fall to a path ~30x slower), so bfloat16 activations spare two casts per linear."""
-        from .model.cpu_linear import native_bf16
-
         return self.quantization is not None and self.device == "cpu" and native_bf16()
 
     @property

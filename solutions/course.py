@@ -18,8 +18,8 @@ lab from ``labs/``, as ``from labs import LLM`` does in a fresh interpreter.
 The choice is made once per process, when ``labs`` is first imported; asking for another one afterwards
 raises (restart the notebook's kernel). The environment variable also reaches child processes (a server
 started by a notebook, a grader run from a cell). A Triton kernel runs on a CPU only through the
-interpreter, and ``TRITON_INTERPRET=1`` must be set before the kernels are imported: a notebook that runs
-one on a CPU sets it before calling ``implementation``.
+interpreter: importing ``solutions`` (or ``labs``) chooses it on a machine without a GPU, before any kernel
+module loads.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Implementation:
 
     @property
     def SamplingParams(self) -> type:  # noqa: N802
-        return self.module("engine.sampling_params").SamplingParams
+        return self.module("sampling_params").SamplingParams
 
     def __str__(self) -> str:
         if self.name == "solutions":

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from .config import EngineConfig
 from .engine.engine import Engine
 from .engine.outputs import RequestOutput
-from .engine.sampling_params import SamplingParams
+from .sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Conversation = list[dict[str, str]]

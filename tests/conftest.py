@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernel_device import KERNEL_DEVICE  # noqa: E402
+from tiny_models import write_tiny_llama  # noqa: E402
 
 NO_MODEL = "bundled model not installed"
 
@@ -129,3 +130,9 @@ def hf_oracle(bundled_model):
         bundled_model.parent, gguf_file=bundled_model.name, dtype=torch.float32
     )
     return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """``tiny_models.TINY_LLAMA``'s folder, written once per test process (tests only read it)."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

@@ -8,7 +8,7 @@ import torch
 
 @pytest.fixture(scope="module")
 def sp(load):
-    return load("engine.sampling_params").SamplingParams
+    return load("sampling_params").SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_abandoned_stream_frees_the_engine(llm, sp):
 
 
 def test_top_k_top_p_filter(load):
-    sampler = load("engine.sampler")
+    sampler = load("kernels.sampling")
     logits = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
 
     def kept(row: torch.Tensor, top_k: int, top_p: float) -> list[int]:
@@ -141,7 +141,7 @@ def test_top_k_top_p_filter(load):
 def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
     """The filter ranks only each row's ``CANDIDATES`` largest logits unless a row's set reaches past them: a
     flat row (its top-p set holds most of the vocabulary) and a peaked one must keep what sorting all gives."""
-    sampler = load("engine.sampler")
+    sampler = load("kernels.sampling")
     generator = torch.Generator().manual_seed(0)
     vocab = 4 * sampler.CANDIDATES
     flat = torch.randn(vocab, generator=generator) * 0.1
@@ -166,7 +166,7 @@ def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
 
 
 def test_sample_draws_from_each_row_and_seeds_reproduce(load):
-    sampler = load("engine.sampler")
+    sampler = load("kernels.sampling")
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0]])
     draws = 20000
     torch.manual_seed(0)
@@ -186,7 +186,7 @@ def test_sample_draws_from_each_row_and_seeds_reproduce(load):
 def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):
     """A seeded row's number is a function of (seed, position): the same wherever the row sits, spread evenly over
     [0, 1) along a sequence's positions and across seeds."""
-    sampler = load("engine.sampler")
+    sampler = load("kernels.sampling")
     counters = torch.arange(20000)
     along = sampler.counter_uniforms(torch.full_like(counters, 7), counters)
     across = sampler.counter_uniforms(torch.arange(20000) * 1000003, torch.full_like(counters, 5))

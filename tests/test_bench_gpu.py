@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from solutions.bench import gpu
 from solutions.bench.decode_steps import summarize_profile
 from solutions.bench.gpu_report import Report, SectionSkipped, run_header
 from solutions.bench.gpu_setup import FULL, QUICK
 from solutions.bench.gpu_throughput import nano_vllm_workload
 from solutions.bench.model_shapes import SHAPES, write_random_checkpoint
+from solutions.cli.bench import gpu
 from solutions.model.loader import load_hf_folder
 
 CPU_SECTIONS = ["bandwidth", "decode", "profile", "sweep", "throughput"]

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from solutions.engine.sampling_params import SamplingParams
 from solutions.llm import LLM
 from solutions.model import gguf_file, loader
 from solutions.model.config import ModelConfig
 from solutions.model.llama import LlamaModel
+from solutions.sampling_params import SamplingParams
 
 VOCAB, HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, MAX_POS = 320, 64, 96, 2, 4, 2, 128
 THETA, EPS = 10000.0, 1e-6

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from solutions.kernels import cpu_aot
+from solutions.kernels.cpu_linear import REGIMES
 from solutions.model import cpu_layer_ops
 from solutions.model.config import ModelConfig
-from solutions.model.cpu_linear import REGIMES
 from solutions.model.llama import PLAIN_OPS, LlamaModel, fused_weight_sources
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
@@ -221,7 +221,9 @@ def test_the_choice_follows_the_measurement_per_regime(tmp_path, monkeypatch):
     assert ops.name == "cpu-fused"
     for rows in (1, 4, 100):
         gate_up = torch.randn(rows, 80)
-        assert torch.equal(ops.silu_mul(gate_up), PLAIN_OPS.silu_mul(gate_up)), f"{rows} rows"
+        # Within float32 rounding, not bitwise: the compiled SiLU's exp differs from eager's by an ulp or so
+        # at widths that are no multiple of the vector; which path ran is what rows_seen checks.
+        torch.testing.assert_close(ops.silu_mul(gate_up), PLAIN_OPS.silu_mul(gate_up), msg=f"{rows} rows")
     assert rows_seen == [1], f"the compiled chain ran at {rows_seen} rows; it won only at one row (decode)"
 
 

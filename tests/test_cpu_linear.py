@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solutions.model import cpu_linear
-from solutions.model.cpu_linear import PATHS, REGIMES, CpuLinear
+from solutions.kernels import cpu_linear
+from solutions.kernels.cpu_linear import PATHS, REGIMES, CpuLinear
 
 AWKWARD_SHAPES = [(1, 1), (7, 13), (65, 33), (3, 130), (960, 576), (49, 1536)]
 

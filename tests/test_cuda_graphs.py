@@ -12,25 +12,10 @@ import pytest
 import torch
 
 from solutions.engine.cuda_graphs import RecordedCall, batch_buckets
-from solutions.engine.sampling_params import SamplingParams
+from solutions.sampling_params import SamplingParams
 
 requires_cuda = pytest.mark.requires_cuda  # conftest.py skips these without a GPU
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x KV heads x head_dim x float32
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    """A random 2-layer Llama written by transformers (GQA 4:2, head dim 16), no tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
 
 
 def make_llm(folder: Path, device: str = "cpu", **options):

@@ -20,7 +20,7 @@ BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # K and V of one 16-token block, every l
 
 @pytest.fixture(scope="module")
 def sp(load):
-    return load("engine.sampling_params").SamplingParams
+    return load("sampling_params").SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -204,7 +204,7 @@ def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
         "a tile-boundary case the small tests missed: the causal diagonal or the rescaling across key blocks",
     )
 
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     monkeypatch.setenv("FASTMODE_ATTENTION", "triton")
     via_triton = llm.generate("The capital of France is", params)[0].outputs[0].token_ids
     monkeypatch.setenv("FASTMODE_ATTENTION", "torch")
@@ -220,9 +220,12 @@ def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
     monkeypatch.delenv("FASTMODE_ATTENTION", raising=False)
     calls = []
     real = paged.paged_attention
-    monkeypatch.setattr(paged, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # Spied where the engine looks it up: the paged cache's module imported the name.
+    monkeypatch.setattr(
+        load("cache.paged_kv_cache"), "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     llm = load("llm").LLM(device="cpu", attention_backend="triton", max_model_len=64)
-    llm.generate("Hello there, friend", load("engine.sampling_params").SamplingParams(max_tokens=2))
+    llm.generate("Hello there, friend", load("sampling_params").SamplingParams(max_tokens=2))
     assert calls and len(calls) % 30 == 0, (
         f"the Triton kernel ran {len(calls)} times; one call per layer and step"
     )
@@ -230,5 +233,5 @@ def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
 
 def test_bench_attention_smoke(load, capsys):
     """``bench attention --smoke`` runs the GPU table's code on tiny shapes (interpreter on a CPU)."""
-    assert load("bench.attention").main(["--smoke"]) == 0
+    assert load("cli.bench.attention").main(["--smoke"]) == 0
     assert "ours/sdpa" in capsys.readouterr().out

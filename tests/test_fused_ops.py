@@ -331,7 +331,7 @@ def test_tiny_llama_fused_ops_match_plain(dtype, tol):
 
 def test_bench_kernels_smoke(capsys):
     """``bench kernels --smoke`` runs the GPU benchmark's code on tiny shapes (interpreter on a CPU)."""
-    from solutions.bench import kernels
+    from solutions.cli.bench import kernels
 
     assert kernels.main(["--smoke"]) == 0
     out = capsys.readouterr().out

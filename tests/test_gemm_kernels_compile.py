@@ -7,14 +7,8 @@ Triton's own compiler and ptxas, in a separate process that imports the kernels 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from kernel_device import assert_script_compiles_all
 
 COMPILE_ALL = r'''
 import triton
@@ -82,12 +76,4 @@ print("all compiled")
 
 @pytest.mark.slow
 def test_moe_and_w4a16_kernels_compile_for_sm90():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", COMPILE_ALL], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600
-    )
-    if "all compiled" not in result.stdout:
-        compiled = result.stdout.strip().splitlines()
-        raise AssertionError(
-            f"a kernel does not compile for sm_90 (after {len(compiled)} that did):\n{result.stderr[-3000:]}"
-        )
+    assert_script_compiles_all(COMPILE_ALL, timeout_s=3600)

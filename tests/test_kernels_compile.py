@@ -8,14 +8,8 @@ constexpr combinations the engine launches. A separate process imports the kerne
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from kernel_device import assert_script_compiles_all
 
 COMPILE_ALL = r'''
 import triton
@@ -80,12 +74,4 @@ print("all compiled")
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", COMPILE_ALL], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
-    )
-    if "all compiled" not in result.stdout:
-        compiled = result.stdout.strip().splitlines()
-        raise AssertionError(
-            f"a kernel does not compile for sm_90 (after {len(compiled)} that did):\n{result.stderr[-3000:]}"
-        )
+    assert_script_compiles_all(COMPILE_ALL, timeout_s=1800)

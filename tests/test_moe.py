@@ -384,7 +384,7 @@ def test_bad_moe_inputs_are_named(load):
 def test_bench_moe_smoke_prints_both_tables_and_the_goals(capsys):
     """``bench moe --smoke``: toy sizes, the kernel table through whatever device is here (the interpreter on a
     CPU); the figures mean nothing, the rows, the grouped path's error and the goal lines must be there."""
-    from solutions.bench.moe import main
+    from solutions.cli.bench.moe import main
 
     assert main(["--smoke"]) == 0
     out = capsys.readouterr().out
@@ -467,7 +467,7 @@ def test_mixtral_greedy_matches_hf_generate_batched_and_alone(load, tiny_mixtral
     llm = load("llm").LLM(
         str(folder), skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=4
     )
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 12, 1, 30)]
     expected = []

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import write_tiny_llama
 
 
 def test_balanced_assign_gives_every_cluster_the_same_size(load):
@@ -48,15 +49,9 @@ def test_router_learns_which_experts_matter(load):
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A random Llama written by transformers (no tokenizer), and a random split of its FFNs into 4 experts."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=None,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(folder)
+    folder = write_tiny_llama(
+        tmp_path_factory.mktemp("llama"), hidden_size=48, intermediate_size=96, max_position_embeddings=128
+    )
     g = torch.Generator().manual_seed(1)
     neurons = torch.stack([torch.randperm(96, generator=g).view(4, 24).sort(dim=1).values for _ in range(2)])
     routers = torch.randn(2, 4, 48, generator=g)
@@ -99,7 +94,7 @@ def test_moefied_folder_loads_back_into_the_engine(load, tiny_llama, tmp_path):
         "unit",
     )
     LLM = load("llm").LLM
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 17, 3], [99, 1, 2, 3, 4, 5, 6, 7], [42]]
     options = dict(skip_tokenizer_init=True, device="cpu", dtype="float32", max_num_seqs=4)
     dense_out = [o.outputs[0].token_ids for o in LLM(str(folder), **options).generate(prompts, params)]

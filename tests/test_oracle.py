@@ -60,7 +60,7 @@ def test_prompt_logits_match_hugging_face(llm, hf_oracle):
 def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
     """The engine's own path (KV cache, flat batch) produces the same last-token logits."""
     model, tokenizer = hf_oracle
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=1)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=1)
     engine = llm.engine
     request_ids = engine.add_requests(PROMPTS[:3], [params] * 3)
     plan = engine.scheduler.schedule()  # one flat step: all three prompts fit the token budget
@@ -76,9 +76,7 @@ def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
 
 
 def greedy(load):
-    return load("engine.sampling_params").SamplingParams(
-        temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True
-    )
+    return load("sampling_params").SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def test_greedy_batched_matches_hugging_face(llm, hf_greedy, load):
@@ -95,9 +93,9 @@ def test_greedy_one_at_a_time_matches_hugging_face(llm, hf_greedy, load):
 
 @pytest.mark.parametrize("path", ["linear", "transposed", "onednn"])
 def test_greedy_matches_hugging_face_on_every_cpu_linear_path(path, hf_greedy, load, monkeypatch):
-    """Each matrix-product path (solutions/model/cpu_linear.py), forced for every shape: a batched prefill
+    """Each matrix-product path (solutions/kernels/cpu_linear.py), forced for every shape: a batched prefill
     (many rows), batched decode (a few rows) and one-sequence decode (one row) all give HF's tokens."""
-    cpu_linear = load("model.cpu_linear")
+    cpu_linear = load("kernels.cpu_linear")
     if not cpu_linear.PATHS[path].supports(torch.float32):
         pytest.skip(f"{path} is not available in this torch build")
     monkeypatch.setenv(cpu_linear.FORCE_ENV, path)

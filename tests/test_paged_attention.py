@@ -442,6 +442,6 @@ def test_cpu_step_attention_checks_slots_once_per_step():
 
 def test_bench_paged_attention_smoke(load, capsys):
     """``bench paged_attention --smoke`` runs the GPU benchmark's code on tiny shapes (interpreter on CPU)."""
-    assert load("bench.paged_attention").main(["--smoke"]) == 0
+    assert load("cli.bench.paged_attention").main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "graph ms" in out and "ours/sdpa" in out, "the decode and prefill tables must both print"

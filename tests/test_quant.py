@@ -232,7 +232,7 @@ def test_w4a16_kernel_rejects_mismatched_operands(load):
 def test_bench_int4_smoke_runs_every_product_and_states_the_goal(capsys):
     """``bench int4 --smoke``: a toy shape through whatever device is here; the figures mean nothing, the
     table, the kernel's error column and the goal lines must be there."""
-    from solutions.bench.int4 import main
+    from solutions.cli.bench.int4 import main
 
     assert main(["--smoke", "--rows", "1", "4"]) == 0
     out = capsys.readouterr().out
@@ -478,7 +478,7 @@ def test_quantized_engine_generates_like_float(llm, method):
 
 def test_engine_config_validates_quantization():
     from solutions.config import EngineConfig
-    from solutions.model.cpu_linear import native_bf16
+    from solutions.kernels.cpu_linear import native_bf16
 
     # "auto": float32 on CPU, except a quantized model on a CPU with native bfloat16 (the int4 kernel's own dtype)
     assert EngineConfig(device="cpu").dtype == "float32"
@@ -497,7 +497,9 @@ def test_engine_config_validates_quantization():
 
 def test_missing_awq_scales_say_how_to_compute_them(load):
     awq = load("quant.awq")
-    with pytest.raises(FileNotFoundError, match=r"python -m solutions\.quant\.awq --w-bit 2 --group-size 32"):
+    with pytest.raises(
+        FileNotFoundError, match=r"python -m solutions calibrate-awq --w-bit 2 --group-size 32"
+    ):
         awq.load_awq_params("SmolLM2-135M-Instruct.Q4_1", 2, 32)
 
 

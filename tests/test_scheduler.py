@@ -18,7 +18,7 @@ BLOCK = 4
 @pytest.fixture
 def make(load):
     request_mod = load("engine.request")
-    params_mod = load("engine.sampling_params")
+    params_mod = load("sampling_params")
     scheduler_mod = load("engine.scheduler")
     manager_mod = load("cache.kv_cache_manager")
 

@@ -77,7 +77,7 @@ def engine_loop(load):
 
 
 def _params(load):
-    return load("engine.sampling_params").SamplingParams(max_tokens=8)
+    return load("sampling_params").SamplingParams(max_tokens=8)
 
 
 def test_the_engine_thread_builds_and_alone_touches_the_engine(engine_loop, load):

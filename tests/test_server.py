@@ -94,7 +94,7 @@ def test_models_lists_the_served_model(client, model):
 
 
 def test_chat_completion_matches_offline_greedy(client, model, llm, load):
-    sp = load("engine.sampling_params").SamplingParams
+    sp = load("sampling_params").SamplingParams
     question = PROMPTS[0]
     reply = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": question}], max_tokens=12, temperature=0
@@ -197,7 +197,7 @@ def test_vllm_extra_fields_top_k_and_ignore_eos(client, model):
 
 def test_64_concurrent_streams_equal_offline_generate(server, model, llm, load):
     """64 streaming clients at once (raw prompts, short outputs, so the check stays quick on a CPU)."""
-    sp = load("engine.sampling_params").SamplingParams
+    sp = load("sampling_params").SamplingParams
     prompts = PROMPTS[:64]
     offline = llm.generate(prompts, sp(temperature=0, max_tokens=6))
 
@@ -303,7 +303,7 @@ def test_wrong_or_missing_api_key_is_a_401(server, model):
 
 def test_bad_input_never_disturbs_a_request_in_flight(server, client, model, llm, load):
     """A long greedy stream runs while every kind of bad request arrives; it still matches offline."""
-    sp = load("engine.sampling_params").SamplingParams
+    sp = load("sampling_params").SamplingParams
     kwargs = dict(model=model, prompt="The history of the printing press", max_tokens=24, temperature=0)
     result = {}
     runner = threading.Thread(

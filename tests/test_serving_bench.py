@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from solutions.bench.serving import RequestResult, _parse_slos, _stats, load_prompts, summarize
+from solutions.bench.serving import RequestResult, _stats, load_prompts, summarize
+from solutions.cli.bench.serving import parse_slos
 from solutions.engine_options import engine_argv
 
 
@@ -57,7 +58,7 @@ def test_prompts_repeat_in_order_and_bad_targets_are_named():
     prompts = load_prompts(205)
     assert len(prompts) == 205 and prompts[100] == prompts[0] and len(set(prompts)) == 100
     with pytest.raises(ValueError, match="ttfb"):
-        _parse_slos(["ttfb:100"])
+        parse_slos(["ttfb:100"])
 
 
 def test_engine_argv_round_trips_through_the_cli_flags():

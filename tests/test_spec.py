@@ -446,7 +446,7 @@ def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
     ],
 )
 def test_train_eagle_rejects_bad_options_by_name(argv, message, capsys):
-    from solutions.speculative import train_eagle
+    from solutions.cli import train_eagle
 
     with pytest.raises(SystemExit):
         train_eagle.main(argv)

@@ -36,7 +36,7 @@ def chats(llm):
 @pytest.fixture(scope="module")
 def plain_outputs(load, chats):
     plain = load("llm").LLM(**ENGINE)
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=40)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=40)
     return [o.outputs[0].token_ids for o in plain.generate(chats, params)]
 
 
@@ -47,7 +47,7 @@ def spec_llm(request, load):
 
 def test_greedy_speculative_equals_plain_greedy(load, spec_llm, chats, plain_outputs):
     method, llm = spec_llm
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=40)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=40)
     batched = llm.generate(chats, params)
     assert [o.outputs[0].token_ids for o in batched] == plain_outputs, f"{method}, batched"
     for chat, want in zip(chats[:2], plain_outputs[:2]):
@@ -62,7 +62,7 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
     """Run speculatively until drafts were rejected, then one plain step: its logits equal a fresh prefill's."""
     method, llm = spec_llm
     engine = llm.engine
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=64)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=64)
     request_id = engine.add_request(chats[0], params)
     request = engine.groups[request_id].requests[0]
     speculator = engine.speculator
@@ -96,7 +96,7 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
 def test_sampling_with_drafts_gives_valid_tokens(load, spec_llm, chats):
     """Temperature > 0 goes through rejection sampling (its exactness: tests/test_spec.py's chi-square tests)."""
     method, llm = spec_llm
-    params = load("engine.sampling_params").SamplingParams(temperature=0.8, top_k=50, max_tokens=24, seed=3)
+    params = load("sampling_params").SamplingParams(temperature=0.8, top_k=50, max_tokens=24, seed=3)
     out = llm.generate(chats[1:3], params)
     for o in out:
         ids = o.outputs[0].token_ids
@@ -147,7 +147,7 @@ def test_eagle_drafts_for_an_awq_target(load, chats):
     """A quantized target keeps its LM head packed: the head reads it dequantized, and greedy output is still the
     plain (AWQ) engine's, token for token."""
     LLM = load("llm").LLM
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=24)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=24)
     awq = dict(ENGINE, quantization="awq")
     plain = [o.outputs[0].token_ids for o in LLM(**awq).generate(chats[:2], params)]
     spec = LLM(**awq, **METHODS["eagle-tree"]).generate(chats[:2], params)

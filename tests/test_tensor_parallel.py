@@ -401,22 +401,6 @@ def assert_all_gone(pids: list[int], within: float = 30.0) -> None:
     assert not ours, f"multiprocessing still lists workers {ours}"
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    """A random 2-layer Llama written by transformers: 4 query and 2 KV heads, vocabulary 101 (odd:
-    padded)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-llama-tp")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
-
-
 TINY_BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x KV heads x head_dim x float32
 TINY_BLOCKS = 13  # 12 usable: fewer than the workload below needs at once, so it preempts
 
@@ -456,7 +440,7 @@ def tiny_workload(load) -> list[tuple[list[list[int]], object]]:
     """Six greedy prompts that need more blocks than there are (so some are preempted and recomputed), then a
     new 21-token prompt alone, sampled n=3 times: its first chunk of 16 wants no logits, and the completions
     share its blocks and copy the last one on write."""
-    sampling = load("engine.sampling_params").SamplingParams
+    sampling = load("sampling_params").SamplingParams
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 101, (n,), generator=gen).tolist() for n in (5, 17, 33, 2, 40, 9, 21)]
     greedy = sampling(temperature=0, max_tokens=24, ignore_eos=True)
@@ -506,7 +490,7 @@ def test_two_gpus_give_the_one_gpu_logits_over_nccl(load, tiny_folder):
 def test_a_worker_that_dies_makes_generate_raise_and_leaves_no_process(load, tiny_folder):
     llm = tiny_llm(load, tiny_folder, 2)
     pids = llm.engine.workers.worker_pids
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     error = load("parallel.group").TensorParallelError
     stream = llm.stream([[1, 2, 3], [4, 5]], params)
     next(stream)
@@ -527,7 +511,7 @@ def test_an_error_in_rank_0s_forward_stops_the_workers_instead_of_desynchronisin
     the caller, and the next call raises too rather than send a step the workers are not ready for."""
     llm = tiny_llm(load, tiny_folder, 2)
     pids = llm.engine.workers.worker_pids
-    params = load("engine.sampling_params").SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     mlp = llm.engine.model.layers[1].mlp
 
     def fail_once(module, args):
@@ -570,7 +554,7 @@ def test_the_bundled_model_at_3_ranks_gives_the_one_process_greedy_tokens(load, 
     """SmolLM2-135M (9 query, 3 KV heads) at 3 ranks over gloo: token-identical greedy output to the
     one-process engine on four prompts batched and streamed; 2 ranks fail at construction, naming the head
     counts, with no process started."""
-    LLM, sampling = load("llm").LLM, load("engine.sampling_params").SamplingParams
+    LLM, sampling = load("llm").LLM, load("sampling_params").SamplingParams
     with pytest.raises(ValueError, match="9 query heads and 3 KV heads"):
         LLM(device="cpu", tensor_parallel_size=2)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("fastmode-tp")]

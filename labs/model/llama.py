@@ -33,7 +33,6 @@ from torch import nn
 
 from ..kernels.attention import gqa_attention
 from .config import ModelConfig, RopeScaling
-from .cpu_linear import use_fastest_linears
 from .moe import MoEMLP, moe_weight_sources, stacked_experts
 
 
@@ -326,10 +325,7 @@ class LlamaModel(nn.Module):
                 config.rope_scaling,
             )
         )
-        model = model.eval().requires_grad_(False)
-        if torch.device(device).type == "cpu":
-            use_fastest_linears(model)  # each linear runs the matrix product measured fastest on this CPU
-        return model
+        return model.eval().requires_grad_(False)
 
 
 def fused_weight_sources(config: ModelConfig) -> dict[str, list[str]]:

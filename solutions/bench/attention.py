@@ -1,24 +1,15 @@
-"""``python -m solutions bench attention``: prefill attention speed, ours vs torch's kernels, in one run.
-
-On CUDA: ``triton.testing.do_bench`` medians of our FlashAttention-2 kernel (autotuned per shape; the
-winning tiles are printed), torch SDPA's flash backend and naive attention (scores materialised), B=4, H=16,
-D 64 and 128, N 1k-16k, causal and not, bf16 (``--dtypes`` adds fp16); TFLOP/s = 4 * B * H * N^2 * D, halved
-when causal, and our kernel's ratio to SDPA beside its goal (at least 0.9x). Naive attention is skipped where
-its N x N scores would not fit. On CPU: the torch path (``gqa_attention``) against naive attention at
-SmolLM2's shape, plus our kernel through the Triton interpreter on one tiny shape. ``--smoke`` runs the GPU
-table's code on tiny shapes on any device (a check of the code, no figures). Ratios are measured side by
-side; the table is printed last, with the machine's name.
-"""
+"""What ``python -m solutions bench attention`` measures with (``cli/bench/attention.py``): naive attention
+(the full score matrix through memory), torch SDPA's flash backend, timers (a CPU wall-clock median, a
+``do_bench`` median on CUDA), and the GPU table of our FlashAttention-2 kernel against both."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from ..kernels.attention import gqa_attention
+from ..kernels.flash_attention import _flash_fwd_tuned, flash_attention, flops
 
 GOAL = 0.9  # our kernel's TFLOP/s over SDPA's, at least
 
@@ -70,8 +61,6 @@ def bench_kernels(
     dtypes: list[torch.dtype], head_dims: list[int], lengths: list[int], batch: int, heads: int
 ):
     """The GPU table (any device with ``--smoke``): ours vs SDPA flash vs naive, the tuned tiles, the goal."""
-    from ..kernels.flash_attention import _flash_fwd_tuned, flash_attention, flops
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = ["dtype     D  causal      N   ours TF/s   sdpa TF/s  naive TF/s  ours/sdpa  goal  tuned tiles"]
     for dtype in dtypes:
@@ -95,62 +84,3 @@ def bench_kernels(
                     )
                     print(rows[-1], flush=True)
     return rows
-
-
-def bench_cpu(args) -> list[str]:
-    from ..kernels.flash_attention import flash_attention, flops
-
-    torch.manual_seed(0)
-    rows = ["path                      shape (B,Hq,Hkv,N,D)   causal   median ms   GFLOP/s   vs naive"]
-    for n in (256, 1024):
-        q = torch.randn(1, 9, n, 64)
-        k, v = torch.randn(2, 1, 3, n, 64).unbind(0)
-        work = flops(1, 9, n, n, 64, True)
-        naive = cpu_median_ms(
-            args.repeats, naive_attention, q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), True
-        )
-        ours = cpu_median_ms(args.repeats, gqa_attention, q, k, v, causal=True)
-        for label, ms in (("naive (repeat K/V)", naive), ("torch path (gqa_attention)", ours)):
-            rows.append(
-                f"{label:26s} (1,9,3,{n},64){'':5s} True {ms:11.2f} {work / ms / 1e6:9.2f} {naive / ms:9.2f}"
-            )
-    q = torch.randn(1, 3, 32, 64)
-    k, v = torch.randn(2, 1, 1, 32, 64).unbind(0)
-    interp = cpu_median_ms(3, flash_attention, q, k, v, causal=True)
-    rows.append(
-        f"{'triton interpreter':26s} (1,3,1,32,64){'':6s} True {interp:11.2f} "
-        f"{flops(1, 3, 32, 32, 64, True) / interp / 1e6:9.4f}       -"
-    )
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench attention", description=__doc__)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["float16", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=5, help="CPU repeats per measurement")
-    parser.add_argument(
-        "--smoke", action="store_true", help="the GPU table's code on tiny shapes, any device"
-    )
-    args = parser.parse_args(argv)
-    on_gpu = torch.cuda.is_available()
-    if args.smoke:
-        # SDPA's flash backend takes half types on a GPU; the interpreter runs float32.
-        rows = bench_kernels([torch.bfloat16 if on_gpu else torch.float32], [32], [24], batch=1, heads=2)
-    elif on_gpu:
-        rows = bench_kernels(
-            [getattr(torch, d) for d in args.dtypes], [64, 128], args.lengths, batch=4, heads=16
-        )
-    else:
-        rows = bench_cpu(args)
-    if on_gpu:
-        machine = torch.cuda.get_device_name()
-    else:
-        import platform
-
-        machine = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    if args.smoke:
-        print("\nSmoke run on tiny shapes: it checks this code; its figures mean nothing.")
-    print(f"\nAttention forward on {machine} (goal: ours >= {GOAL}x SDPA):")
-    print("\n".join(rows))
-    return 0

@@ -11,7 +11,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

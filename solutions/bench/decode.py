@@ -1,31 +1,16 @@
-"""``python -m solutions bench decode``: batch-1 greedy decode speed, ours vs Hugging Face ``generate``
-on the same weights, beside the roofline, measured side by side in one run.
-
-Decode speed is (time for N tokens - time for 1 token) / (N - 1) for both engines, so prefill and
-start-up costs cancel and both are measured the same way. Repeats alternate between the engines
-(this machine is noisy) and the median is reported. The step is then taken apart (``step_split``: timers
-around the matrix products, attention, the elementwise chains and the sampler; the rest is Python and other
-work) and set against its goals. ``--fused-ops`` compares the CPU layer ops (plain, fused ahead of time,
-``torch.compile``); ``--attention`` times one decode query's paged attention against the bytes it reads.
-"""
+"""What ``python -m solutions bench decode`` measures with (``cli/bench/decode.py``), shared with the other
+decode benchmarks: decode tokens/s as (time for N tokens - time for 1) / (N - 1), engines alternating and the
+median kept; llama.cpp as an optional peer; the time to first token of one long prompt."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 
-import torch
+from ..model.loader import bundled_model_path
+from ..sampling_params import SamplingParams
 
 PROMPT = "The history of the printing press begins"
-
-
-def _hf_generate(model, ids: torch.Tensor, new_tokens: int) -> None:
-    with torch.inference_mode():
-        model.generate(
-            ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=2
-        )
 
 
 def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
@@ -60,8 +45,6 @@ def llama_cpp_generator(threads: int):
         from llama_cpp import Llama
     except ImportError:
         return None
-    from ..model.loader import bundled_model_path
-
     llama = Llama(str(bundled_model_path()), n_threads=threads, n_ctx=1024, verbose=False)
 
     def generate(prompt_ids: list[int], n: int) -> list[int]:
@@ -91,21 +74,6 @@ LLAMA_CPP_MISSING = (
 )
 
 
-def print_linear_paths(model) -> None:
-    """Which path won per weight shape and regime, and the GB/s (GFLOP/s for prefill) each path reached."""
-    from ..model.cpu_linear import summary
-
-    decisions = getattr(model, "linear_decisions", None)
-    if not decisions:
-        forced = {m.choices["decode"] for m in model.modules() if hasattr(m, "choices")}
-        print(f"linear paths: {', '.join(sorted(forced)) or 'none'} (forced, not measured)")
-        return
-    print("linear path per weight shape (measured at load, cached per machine):")
-    print(f"{'dtype:shape':<18}{'regime':<9}{'winner':<12}each path")
-    for line in summary(decisions):
-        print(line)
-
-
 def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
     """Median time to first token of one prompt (prefill + one sampled token). ``llm`` must not cache prefixes:
     every repeat has to compute the whole prompt."""
@@ -113,8 +81,6 @@ def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
         raise ValueError(
             "prefill_seconds needs an LLM with enable_prefix_caching=False (repeats would hit the cache)"
         )
-    from ..engine.sampling_params import SamplingParams
-
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate(prompt_ids[:64], params)  # warm up
     times = []
@@ -123,164 +89,3 @@ def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
         llm.generate(prompt_ids, params)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench decode", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument(
-        "--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement"
-    )
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
-    parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-weights row")
-    parser.add_argument(
-        "--fused-ops",
-        choices=["float32", "bfloat16", "awq"],
-        help="only compare the CPU layer ops (plain, fused, torch.compile) on this engine",
-    )
-    parser.add_argument("--attention", action="store_true", help="only time batch-1 attention vs its bytes")
-    args = parser.parse_args(argv)
-    if args.attention:
-        return _attention_only(args)
-    if args.fused_ops:
-        return _fused_ops_only(args)
-
-    from ..engine.sampling_params import SamplingParams
-    from ..llm import LLM
-    from ..model.cpu_linear import PATHS
-    from ..model.loader import bundled_model_path
-    from . import step_split
-    from .roofline import decode_bytes_per_token, measure_read_bandwidth
-    from .step_split import attention_flops, gemm_flops, linear_flops, linear_seconds
-
-    dtype = getattr(torch, args.dtype)
-    max_len = max(args.tokens, args.prefill_tokens) + 64
-    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    # No prefix caching: the prefill measurement repeats one prompt, which would otherwise be served from the cache.
-    llm = LLM(
-        device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False
-    )
-    runs = {f"fast-mode engine {args.dtype}": lambda n: llm.generate(PROMPT, greedy(n))}
-    bf16 = None
-    if args.dtype == "float32" and not args.no_bf16 and PATHS["onednn"].supports(torch.bfloat16):
-        bf16 = LLM(device="cpu", dtype="bfloat16", max_num_seqs=1, max_model_len=max_len)
-        runs["fast-mode engine bfloat16"] = lambda n: bf16.generate(PROMPT, greedy(n))
-    if not args.no_hf:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging
-
-        logging.set_verbosity_error()
-        path = bundled_model_path()
-        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
-        ids = torch.tensor([llm.tokenizer.encode(PROMPT)])
-        runs["HF transformers generate"] = lambda n: _hf_generate(hf_model, ids, n)
-    peer = llama_cpp_runner(torch.get_num_threads())
-    if peer is not None:
-        runs["llama.cpp Q4_1 (peer)"] = peer
-    speeds = decode_speeds(runs, args.tokens, args.repeats)
-
-    model = llm.engine.model
-    bandwidth = measure_read_bandwidth()
-    weight_bytes = decode_bytes_per_token(model)
-    roofline = bandwidth / weight_bytes
-    step_linears_s = linear_seconds(model, rows=1)
-    split = step_split.measure_step_split(llm, PROMPT, min(args.tokens, 64), args.repeats)
-    text = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_luke_1-12.txt"
-    prompt_ids = llm.tokenizer.encode(text.read_text())[: args.prefill_tokens]
-    prefill_s = prefill_seconds(llm, prompt_ids, max(1, args.repeats - 1))
-    gemm = gemm_flops(model, rows=len(prompt_ids))
-    prefill_linear_flops = linear_flops(model, len(prompt_ids))
-    prefill_attention_flops = attention_flops(llm.engine.model_config, len(prompt_ids))
-
-    print(f"machine: {_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print_linear_paths(model)
-    print_layer_ops(model)
-    print(f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s")
-    print(
-        f"weight bytes read per decode token ({args.dtype}): {weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
-    )
-    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:")
-    print(f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
-    hf_speed = speeds.get("HF transformers generate")
-    for name, speed in speeds.items():
-        vs_hf = f"{speed / hf_speed:.2f}x" if hf_speed else "-"
-        own_roofline = roofline
-        if name.endswith("bfloat16") and bf16 is not None:
-            own_roofline = bandwidth / decode_bytes_per_token(bf16.engine.model)
-        share = f"{speed / own_roofline:>12.0%}" if "llama.cpp" not in name else f"{'-':>12}"
-        print(f"{name:<30}{speed:>10.1f}{1e3 / speed:>10.1f}{share} {vs_hf:>7}")
-    if peer is None:
-        print(LLAMA_CPP_MISSING)
-    step_s = 1 / speeds[f"fast-mode engine {args.dtype}"]
-    print(f"where a decode step goes ({args.dtype}; {split.steps} steps timed part by part):")
-    print("\n".join(step_split.split_lines(split, step_linears_s * 1e3, step_s * 1e3)))
-    print(
-        f"the linears alone read {weight_bytes / step_linears_s / 1e9:.1f} GB/s; a roofline step is "
-        f"{1e3 / roofline:.1f} ms"
-    )
-    achieved = (prefill_linear_flops + prefill_attention_flops) / prefill_s
-    print(
-        f"prefill of {len(prompt_ids)} tokens: {prefill_s:.2f} s = {len(prompt_ids) / prefill_s:.0f} tokens/s, "
-        f"{achieved / 1e9:.0f} GFLOP/s (linears {prefill_linear_flops / 1e9:.0f} + attention "
-        f"{prefill_attention_flops / 1e9:.0f} GFLOP) vs the linears alone at {len(prompt_ids)} rows: "
-        f"{gemm / 1e9:.0f} GFLOP/s -> {achieved / gemm:.0%} of measured GEMM FLOP/s"
-    )
-    ours = speeds[f"fast-mode engine {args.dtype}"]
-    goals = [f"step {step_s / step_linears_s:.2f}x its matrix products alone (goal <= 1.25x)"]
-    goals.append(f"decode {ours / roofline:.0%} of roofline (goal >= 60%)")
-    if hf_speed:
-        goals.append(f"{ours / hf_speed:.2f}x HF (goal >= 1.5x)")
-    goals.append(f"prefill {achieved / gemm:.0%} of GEMM FLOP/s (goal >= 60%)")
-    print("goals: " + "; ".join(goals))
-    return 0
-
-
-def print_layer_ops(model) -> None:
-    """Which layer ops the model runs, and for a measured CPU choice each chain's winner and timings."""
-    from .layer_ops import decision_lines
-
-    decisions = getattr(model, "layer_ops_decisions", None)
-    print(f"layer ops: {model.ops.name}" + (" (measured at load, cached per machine):" if decisions else ""))
-    if decisions:
-        print("\n".join(decision_lines(decisions)))
-
-
-def _attention_only(args) -> int:
-    from .cpu_attention import attention_table
-
-    print(f"machine: {_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print("batch-1 decode attention over 30 layers of SmolLM2-135M's float32 cache (min of rounds):")
-    print("\n".join(attention_table(max(args.repeats, 5))))
-    return 0
-
-
-def _fused_ops_only(args) -> int:
-    from ..llm import LLM
-    from ..model.cpu_layer_ops import cpu_layer_ops
-    from .layer_ops import decision_lines, step_ab_lines, torch_compile_lines
-
-    engine = {"quantization": "awq"} if args.fused_ops == "awq" else {"dtype": args.fused_ops}
-    llm = LLM(device="cpu", max_num_seqs=1, max_model_len=args.tokens + 64, **engine)
-    model = llm.engine.model
-    fused = cpu_layer_ops(model)
-    threads = torch.get_num_threads()
-    print(f"machine: {_cpu_name()}, {threads} threads, torch {torch.__version__}, engine {args.fused_ops}")
-    print(f"CPU layer ops chosen for this model: {fused.name} (per chain and regime, alternating rounds):")
-    print("\n".join(decision_lines(model.layer_ops_decisions)))
-    if fused.name == "plain":
-        return 0
-    print("one row, the alternative: torch.compile of each chain (dynamo's guards run on every call):")
-    print("\n".join(torch_compile_lines(model, fused)))
-    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, layer ops alternating:")
-    print("\n".join(step_ab_lines(llm, fused, PROMPT, args.tokens, args.repeats)))
-    return 0
-
-
-def _cpu_name() -> str:
-    from ..model.cpu_linear import machine_key
-
-    return str(machine_key()["cpu"])

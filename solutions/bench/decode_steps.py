@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 # Host-side CUDA runtime calls that block the CPU until the device catches up.
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")

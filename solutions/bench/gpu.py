@@ -1,35 +1,17 @@
-"""``python -m solutions bench gpu``: the engine on a GPU in one run, every figure beside its peers.
-
-For each named shape (a real model's config with random bfloat16 weights, see ``model_shapes``) it measures:
-
-- decode: batch-1 decode tok/s of this engine eager (``enforce_eager=True``), this engine with its default
-  (CUDA graphs where the engine has them), on CUDA the same with INT4 weights (W4A16: RTN codes in AWQ's format,
-  which time as AWQ's do) and Hugging Face ``generate`` on the same folder, against the roofline (weight bytes
-  per token over the measured copy bandwidth);
-- profile: one decode step's wall time vs GPU busy time, kernels, host syncs and copies (``torch.profiler``);
-- sweep: steady-state decode at batch 1, 2, 4, ... max_num_seqs: per-request and aggregate tok/s;
-- throughput: nano-vllm's workload (``benchmarks/bench.py`` there: 256 requests, random token ids below
-  10,000, prompt and output lengths uniform in [100, 1024], EOS ignored), greedy, this engine vs HF static
-  batches;
-
-then EAGLE chain and n-gram speculative decoding at batch 1 on the bundled model, when it is installed.
-Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are rewritten after each one.
-"""
+"""The sections of ``python -m solutions bench gpu`` (``cli/bench/gpu.py`` runs them): copy bandwidth, batch-1
+decode against the roofline and its peers, one decode step's profile, and the steady-state batch sweep, each
+measured on a shape's models and written into its ``Section`` of the report."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .decode import decode_speeds
 from .decode_steps import (
     decode_step_times,
@@ -39,10 +21,10 @@ from .decode_steps import (
     random_prompts,
     start_decodes,
 )
-from .gpu_report import Report, Section, run_header
-from .gpu_setup import ENGINES, FULL, QUICK, ShapeModels, Sizes, hf_generate, label
-from .gpu_speculative import measure_speculative
+from .gpu_report import Report, Section
+from .gpu_setup import ENGINES, ShapeModels, Sizes, label
 from .gpu_throughput import measure_throughput
+from .hf_peer import hf_generate
 from .model_shapes import SHAPES
 from .roofline import decode_bytes_per_token
 
@@ -86,7 +68,7 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
         llm = models.llm(kind)
         runs[kind] = lambda n, llm=llm: (llm.generate([prompt], greedy(n), use_tqdm=False), sync())
     ids = torch.tensor([prompt], device=device)
-    runs["hf"] = lambda n: hf_generate(models.hf(), ids, torch.ones_like(ids), n, sync)
+    runs["hf"] = lambda n: (hf_generate(models.hf(), ids, n), sync())
     speeds = decode_speeds(runs, s.decode_tokens, s.decode_repeats)
     weight_bytes = decode_bytes_per_token(models.llm("graphs").engine.model)
     roofline = bandwidth_GBps * 1e9 / weight_bytes if bandwidth_GBps else None
@@ -212,85 +194,3 @@ def bench_shape(
                     models.release()  # a section cut short can leave requests in flight: start afresh
         finally:
             models.release()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench gpu", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--shapes",
-        "--shape",
-        nargs="+",
-        default=None,
-        metavar="SHAPE",
-        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: {' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
-    )
-    parser.add_argument(
-        "--sections",
-        nargs="+",
-        default=list(SECTIONS),
-        choices=SECTIONS,
-        metavar="SECTION",
-        help=f"any of {', '.join(SECTIONS)} (default: all)",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement"
-    )
-    parser.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda when present)")
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep"
-    )
-    parser.add_argument(
-        "--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)"
-    )
-    parser.add_argument(
-        "--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)"
-    )
-    parser.add_argument(
-        "--time-limit", type=float, default=470, help="seconds; later sections are skipped past it"
-    )
-    parser.add_argument(
-        "--out", default="results", help="folder for the JSON and markdown (default: results)"
-    )
-    parser.add_argument(
-        "--commit", default=None, help="the commit measured (default: git describe, when in git)"
-    )
-    args = parser.parse_args(argv)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {device}: torch sees no CUDA GPU")
-    shapes = args.shapes or (list(DEFAULT_SHAPES) if device.startswith("cuda") else ["tiny"])
-    unknown = [s for s in shapes if s not in SHAPES and s != "bundled"]
-    if unknown:
-        parser.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join([*SHAPES, 'bundled'])}")
-    if args.max_num_seqs < 1 or (args.requests or 1) < 1 or (args.hf_batch or 1) < 1:
-        parser.error("--max-num-seqs, --requests and --hf-batch must be positive")
-    sizes = QUICK if args.quick else FULL
-    sizes = dataclasses.replace(
-        sizes, requests=args.requests or sizes.requests, hf_batch=args.hf_batch or sizes.hf_batch
-    )
-    command = "python -m solutions bench gpu " + shlex.join(sys.argv[1:] if argv is None else argv)
-    header = run_header(device, command, args.commit, "quick" if args.quick else "full", args.time_limit)
-    report = Report(Path(args.out), header, args.time_limit)
-    print(
-        f"bench gpu on {header['machine']}: shapes {', '.join(shapes)}; sections {', '.join(args.sections)}; "
-        f"writing {report.json_path} and .md after each section",
-        flush=True,
-    )
-    if "bandwidth" in args.sections:
-        copy = lambda sec: sec.out.update(
-            measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats)
-        )
-        report.section(report.data, "bandwidth", BUDGET_S["bandwidth"], copy)
-    for name in shapes if set(args.sections) & {"decode", "profile", "sweep", "throughput"} else []:
-        bench_shape(report, name, device, sizes, args.sections, args.max_num_seqs)
-    if "spec" in args.sections:
-        report.section(
-            report.data, "speculative", BUDGET_S["spec"], lambda sec: measure_speculative(device, sizes, sec)
-        )
-    sections = [report.data.get("bandwidth"), report.data.get("speculative")]
-    sections += [s for shape in report.data.get("shapes", {}).values() for s in shape.values()]
-    failed = [s for s in sections if s and s["status"] in ("failed", "timed out")]
-    print(f"wrote {report.json_path} and {report.md_path}; {len(failed)} section(s) failed or timed out")
-    return 1 if failed else 0

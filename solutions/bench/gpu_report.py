@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .gpu_tables import render, render_section
+from .machine import machine_name
 
 MIN_SECTION_S = 10.0  # a section that would get less than this before the run's deadline is skipped instead
 
@@ -36,14 +37,6 @@ class SectionTimeout(TimeoutError):
 
 class SectionSkipped(Exception):
     """Raised by a section that cannot run here; its message is the reason the report gives."""
-
-
-def machine_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    with open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    return f"{names[0] if names else platform.machine()} (CPU, {torch.get_num_threads()} threads)"
 
 
 def git_commit() -> str:

@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
+from ..llm import LLM
 from .gpu_report import Section
+from .hf_peer import load_hf_model
 from .model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
 
 CPU_KV_CACHE_BYTES = 256 << 20
@@ -137,8 +139,6 @@ class ShapeModels:
 
     def llm(self, kind: str):
         if kind not in self.built:
-            from ..llm import LLM
-
             self.built[kind] = LLM(
                 model=str(self.folder),
                 skip_tokenizer_init=True,
@@ -154,13 +154,7 @@ class ShapeModels:
 
     def hf(self):
         if "hf" not in self.built:
-            from transformers import AutoModelForCausalLM
-            from transformers.utils import logging
-
-            logging.set_verbosity_error()
-            logging.disable_progress_bar()
-            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, self.dtype))
-            self.built["hf"] = model.to(self.device).eval()
+            self.built["hf"] = load_hf_model(self.folder, getattr(torch, self.dtype), self.device)
         return self.built["hf"]
 
     def release(self, *kinds: str) -> None:
@@ -172,16 +166,3 @@ class ShapeModels:
 
     def batches(self, wanted) -> list[int]:
         return [b for b in wanted if b <= self.max_num_seqs]
-
-
-def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, sync) -> None:
-    with torch.inference_mode():
-        model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    sync()

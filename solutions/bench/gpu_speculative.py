@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from ..engine.sampling_params import SamplingParams
+from ..llm import LLM
+from ..model import loader
+from ..sampling_params import SamplingParams
+from ..speculative.eagle import DATA_DIR
 from .decode_steps import device_sync
 from .gpu_report import Section, SectionSkipped
 from .gpu_setup import CPU_KV_CACHE_BYTES, Sizes
@@ -13,10 +16,6 @@ from .gpu_setup import CPU_KV_CACHE_BYTES, Sizes
 
 def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:
     """Plain (the engine's default), n-gram and EAGLE chain decoding of held-back prompts, bundled model."""
-    from ..llm import LLM
-    from ..model import loader
-    from ..speculative.eagle import DATA_DIR
-
     try:
         loader.bundled_model_path()
     except FileNotFoundError as missing:

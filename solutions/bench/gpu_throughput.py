@@ -8,11 +8,12 @@ import time
 
 import torch
 
-from ..engine.sampling_params import SamplingParams
 from ..kernels.blocks import cdiv
+from ..sampling_params import SamplingParams
 from .decode_steps import device_sync, random_prompts
 from .gpu_report import Section
-from .gpu_setup import ShapeModels, Sizes, hf_generate, label
+from .gpu_setup import ShapeModels, Sizes, label
+from .hf_peer import hf_generate, left_padded
 
 
 def nano_vllm_workload(sizes: Sizes, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -63,15 +64,15 @@ def measure_throughput(models: ShapeModels, section: Section) -> None:
     )
     hf = models.hf()
     warm_ids = torch.ones(2, 4, dtype=torch.long, device=device)
-    hf_generate(hf, warm_ids, torch.ones_like(warm_ids), 2, sync)
+    hf_generate(hf, warm_ids, 2)
+    sync()
     done, useful, wall, last = 0, 0, 0.0, 0.0
     while done < len(prompts) and (done == 0 or section.seconds_left() > 1.5 * last):
         batch, wanted = prompts[done : done + s.hf_batch], output_lens[done : done + s.hf_batch]
-        width = max(map(len, batch))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)  # left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        ids, mask = left_padded(batch, device=device)
         start = time.perf_counter()
-        hf_generate(hf, ids, mask, max(wanted), sync)  # the batch holds every slot until its longest is done
+        hf_generate(hf, ids, max(wanted), mask)  # the batch holds every slot until its longest is done
+        sync()
         last = time.perf_counter() - start
         done, useful, wall = done + len(batch), useful + sum(wanted), wall + last
     batches = cdiv(len(prompts), s.hf_batch)

@@ -1,26 +1,21 @@
-"""``python -m solutions bench kernels``: the fused layer ops (``kernels/fused_ops.py``) against the plain
-torch chains they replace, on a GPU.
-
-For SmolLM2-135M's and a 1.7B model's shapes, at 1, 64 and 2048 tokens (decode batches and a prefill chunk):
-each fused op's time beside its plain chain (``PLAIN_OPS``, and for RoPE + store, ``apply_rope`` then the
-Triton ``store_kv``), the bytes it moves per second against the device's copy bandwidth, and the ratio. Then
-one decoder layer in a decode step over the paged Triton attention, with each ops set: its time and the
-kernels it launches (counted with ``torch.profiler``; the goal is at most 10 with the fused set). Every op and
-layer is captured in a CUDA graph and replayed (as the engine's decode runs), timed by
-``triton.testing.do_bench`` medians. ``--smoke`` runs the same code on tiny shapes on any device (through the
-Triton interpreter on a CPU): a check of the code, no figures. The table is printed last, with the machine's
-name.
-"""
+"""What ``python -m solutions bench kernels`` measures with (``cli/bench/kernels.py``): each fused layer op
+(``kernels/fused_ops.py``) beside the plain torch chain it replaces, graph-replayed, with the bytes it moves
+against copy bandwidth; one decoder layer's decode step with each ops set, and the kernels it launches."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
 
+from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
+from ..kernels import fused_ops
 from ..kernels.blocks import cache_slots, cdiv
-from .paged_attention import _device_name, _median_ms, copy_bandwidth_gbps, graphed
+from ..kernels.store_kv import store_kv
+from ..model.config import ModelConfig
+from ..model.layer_ops import triton_layer_ops
+from ..model.llama import PLAIN_OPS, DecoderLayer
+from .paged_attention import device_median_ms, graphed
 
 # (hidden, query heads, KV heads, head dim, intermediate)
 SHAPES = {"135M": (576, 9, 3, 64, 1536), "1.7B": (2048, 32, 32, 64, 8192)}
@@ -31,10 +26,6 @@ def op_calls(
     shape: tuple[int, int, int, int, int], tokens: int, dtype: torch.dtype, device: torch.device
 ) -> dict[str, tuple[Callable, Callable, int]]:
     """Per fused op at ``shape`` and ``tokens`` rows: (fused call, plain call, bytes the fused one moves)."""
-    from ..kernels import fused_ops
-    from ..kernels.store_kv import store_kv
-    from ..model.llama import PLAIN_OPS
-
     hidden, q_heads, kv_heads, head_dim, inter = shape
     element = torch.finfo(dtype).bits // 8
     x, residual = torch.randn(2, tokens, hidden, device=device, dtype=dtype)
@@ -82,8 +73,8 @@ def op_rows(
     for name, shape in shapes.items():
         for tokens in token_counts:
             for op, (fused, plain, moved) in op_calls(shape, tokens, dtype, device).items():
-                fused_ms = _median_ms(graphed(fused, device), device)
-                plain_ms = _median_ms(graphed(plain, device), device)
+                fused_ms = device_median_ms(graphed(fused, device), device)
+                plain_ms = device_median_ms(graphed(plain, device), device)
                 gbps = moved / (fused_ms * 1e-3) / 1e9
                 rows.append(
                     f"{name:5s} {tokens:7d}  {op:14s} {fused_ms * 1e3:9.1f} {plain_ms * 1e3:9.1f} "
@@ -98,10 +89,6 @@ def decode_layer(
 ):
     """One random decoder layer of ``shape`` and a decode step's inputs for it (``batch`` sequences of
     ``context`` tokens over a paged cache): returns ``(layer, run)``, ``run()`` calling the layer once."""
-    from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
-    from ..model.config import ModelConfig
-    from ..model.llama import DecoderLayer
-
     hidden, q_heads, kv_heads, head_dim, inter = shape
     config = ModelConfig(
         vocab_size=128, hidden_size=hidden, intermediate_size=inter, num_layers=1, num_heads=q_heads,
@@ -155,9 +142,6 @@ def count_kernels(run: Callable[[], torch.Tensor]) -> int:
 
 def layer_rows(shapes: dict, batches: list[int], context: int, dtype: torch.dtype, device: torch.device):
     """One decoder layer of a decode step with PLAIN_OPS and with the Triton set: time, kernels launched."""
-    from ..model.layer_ops import triton_layer_ops
-    from ..model.llama import PLAIN_OPS
-
     rows = ["shape  batch  ops      layer us  kernels  goal"]
     for name, shape in shapes.items():
         for batch in batches:
@@ -172,7 +156,7 @@ def layer_rows(shapes: dict, batches: list[int], context: int, dtype: torch.dtyp
                     module.ops = ops
                 # The first eager call tunes the attention for this shape, before any graph is captured.
                 kernels = count_kernels(run) if device.type == "cuda" else None
-                ms = _median_ms(graphed(run, device), device)
+                ms = device_median_ms(graphed(run, device), device)
                 met = None if kernels is None or ops is PLAIN_OPS else kernels <= LAUNCH_GOAL
                 rows.append(
                     f"{name:5s} {batch:6d}  {ops.name:7s} {ms * 1e3:9.1f} {kernels or '-':>8}  "
@@ -180,49 +164,3 @@ def layer_rows(shapes: dict, batches: list[int], context: int, dtype: torch.dtyp
                 )
                 print(rows[-1], flush=True)
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench kernels", description=__doc__)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 2048], help="rows per op call")
-    parser.add_argument(
-        "--batches", type=int, nargs="+", default=[1, 64], help="decode batch of the layer rows"
-    )
-    parser.add_argument("--context", type=int, default=1024, help="tokens of context in the layer rows")
-    parser.add_argument(
-        "--smoke", action="store_true", help="tiny shapes, any device: checks the code, no figures"
-    )
-    args = parser.parse_args(argv)
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu and not args.smoke:
-        print(
-            "bench kernels times compiled kernels and needs CUDA; "
-            "--smoke runs its code through the interpreter"
-        )
-        return 0
-    device = torch.device("cuda" if on_gpu else "cpu")
-    if args.smoke:
-        shapes, tokens, batches, context = {"tiny": (96, 3, 1, 32, 80)}, [3], [2], 20
-    else:
-        shapes, tokens, batches, context = SHAPES, args.tokens, args.batches, args.context
-    dtype = torch.bfloat16
-    copy_gbps = copy_bandwidth_gbps(1 << 30 if on_gpu else 1 << 20, device)
-    ops = op_rows(shapes, tokens, dtype, device, copy_gbps)
-    layers = layer_rows(shapes, batches, context, dtype, device)
-    if args.smoke:
-        print("\nSmoke run on tiny shapes: it checks this code; its figures mean nothing.")
-    print(
-        f"\nFused layer ops vs plain torch, bf16, graph-replayed, on {_device_name(device)} "
-        f"(copy bandwidth {copy_gbps:.0f} GB/s):"
-    )
-    print("\n".join(ops))
-    print(
-        f"\nOne decoder layer of a decode step ({context} tokens of context), paged Triton attention "
-        f"(goal: at most {LAUNCH_GOAL} kernels with the fused ops):"
-    )
-    print("\n".join(layers))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,8 +16,11 @@ import functools
 
 import torch
 
-from ..model.cpu_linear import fastest_rounds
+from ..kernels.cpu_linear import fastest_rounds
+from ..model.cpu_layer_ops import CHAINS, model_sizes
 from ..model.llama import PLAIN_OPS
+from ..sampling_params import SamplingParams
+from .decode import decode_speeds
 
 
 def decision_lines(decisions: dict[str, dict]) -> list[str]:
@@ -32,8 +35,6 @@ def decision_lines(decisions: dict[str, dict]) -> list[str]:
 
 def torch_compile_lines(model, fused_ops) -> list[str]:
     """Per chain at one row: plain, the engine's fused chain, and ``torch.compile`` of the plain function."""
-    from ..model.cpu_layer_ops import CHAINS, model_sizes
-
     dtype, sizes = model.norm.weight.dtype, model_sizes(model)
     lines = [f"{'chain (1 row)':<16}{'plain us':>10}{'engine us':>11}{'torch.compile us':>18}"]
     for name, chain in CHAINS.items():
@@ -53,9 +54,6 @@ def torch_compile_lines(model, fused_ops) -> list[str]:
 def step_ab_lines(llm, fused_ops, prompt: str, tokens: int, repeats: int) -> list[str]:
     """Decode ms/token of ``llm`` with ``PLAIN_OPS`` and with ``fused_ops``, alternating; and whether the
     greedy tokens agree."""
-    from ..engine.sampling_params import SamplingParams
-    from .decode import decode_speeds
-
     model = llm.engine.model
     before = model.ops
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

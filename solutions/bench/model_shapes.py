@@ -9,12 +9,13 @@ Hugging Face folder that both this engine and ``transformers`` load.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..model.loader import load_weights, write_safetensors_streaming
 
 INIT_STD = 0.02  # Hugging Face's initializer_range for Llama: activations stay in range through every layer
 LLAMA3_ROPE_SCALING = {
@@ -130,30 +131,6 @@ SHAPES = {
 }  # fmt: skip
 
 
-def write_safetensors_bf16(
-    path: Path, shapes: dict[str, tuple[int, ...]], tensors: Iterator[torch.Tensor]
-) -> None:
-    """Write a bfloat16 safetensors file: the header (every shape up front), then each tensor of ``tensors``
-    (in ``shapes``' order) as it arrives, so only the tensor being written is held in host memory."""
-    header: dict[str, object] = {}
-    offset = 0
-    for name, shape in shapes.items():
-        size = 2 * torch.Size(shape).numel()
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
-        for (name, shape), tensor in zip(shapes.items(), tensors, strict=True):
-            if tuple(tensor.shape) != tuple(shape) or tensor.dtype != torch.bfloat16:
-                raise ValueError(
-                    f"{name}: got {tensor.dtype} {tuple(tensor.shape)}, expected bfloat16 {shape}"
-                )
-            f.write(tensor.detach().cpu().contiguous().view(torch.int16).numpy())
-
-
 def write_random_checkpoint(shape: ModelShape, folder: Path, device: str = "cpu", seed: int = 0) -> Path:
     """A Hugging Face folder (config.json + model.safetensors, bfloat16) of random weights of ``shape``:
     norms 1, every matrix ``N(0, INIT_STD**2)`` drawn on ``device`` (on a GPU, as fast as the disk writes)."""
@@ -171,15 +148,13 @@ def write_random_checkpoint(shape: ModelShape, folder: Path, device: str = "cpu"
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(shape.hf_config(), indent=1))
-    write_safetensors_bf16(folder / "model.safetensors", shapes, tensors())
+    write_safetensors_streaming(folder / "model.safetensors", shapes, tensors(), torch.bfloat16)
     return folder
 
 
 def write_bundled_checkpoint(folder: Path) -> tuple[Path, ModelShape]:
     """The bundled SmolLM2-135M-Instruct (its GGUF dequantized, then bfloat16) as a Hugging Face folder, so
     ``transformers`` loads it without the ``gguf`` package. FileNotFoundError when it is not installed."""
-    from ..model.loader import load_weights
-
     weights = load_weights(None, load_tokenizer=False)
     c = weights.config
     if c.rope_scaling is not None or c.num_local_experts:
@@ -206,5 +181,5 @@ def write_bundled_checkpoint(folder: Path) -> tuple[Path, ModelShape]:
         json.dumps(shape.hf_config() | {"rms_norm_eps": c.rms_norm_eps}, indent=1)
     )
     tensors = (weights.state_dict[name].to(torch.bfloat16) for name in shapes)
-    write_safetensors_bf16(folder / "model.safetensors", shapes, tensors)
+    write_safetensors_streaming(folder / "model.safetensors", shapes, tensors, torch.bfloat16)
     return folder, shape

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..engine.outputs import RequestOutput
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .throughput import Workload
 
 

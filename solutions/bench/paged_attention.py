@@ -1,26 +1,10 @@
-"""``python -m solutions bench paged_attention``: the paged-attention kernels against their goals on a GPU.
-
-- Decode is memory-bound: each step reads every sequence's whole K/V once, so its figure is bytes moved (K/V
-  read, q read, output written) per second, set against a large device-to-device copy (read + write) timed the
-  same way. Goal: at least 60% of copy bandwidth at batch >= 16 and context >= 2048. Batch 1, 16 and 64 at
-  512, 2048 and 8192 tokens, for SmolLM2-135M's heads (9 query / 3 KV, D 64) and a 1.7B model's (32 / 32).
-  Each decode is tuned for its bucket (``tune_decode``), then captured in a CUDA graph and replayed, as the
-  engine runs it; the eager time (Python launch overhead included) is printed beside it.
-- Batch-1 latency against torch SDPA over the same K/V stored densely (also graph-replayed). Goal: at most
-  1.5x SDPA's time.
-- Varlen paged prefill of fresh sequences is compute-bound: TFLOP/s as in ``bench attention`` (4 * Lq * Lk * D
-  per head, halved for causal), beside SDPA on the same sequences stored densely. Goal: at least 0.9x SDPA.
-
-Times are ``triton.testing.do_bench`` medians (L2 flushed before each run). Triton and the kernels are
-imported only inside the functions, so this module imports anywhere; ``bench kv`` calls
-``decode_kernel_bandwidth`` when a GPU is there. ``--smoke`` (any machine) runs the same code on tiny shapes,
-through the Triton interpreter on a CPU (``import solutions`` chooses it there): a check of this code, never a
-figure. The table is printed last, with the machine's name.
-"""
+"""What ``python -m solutions bench paged_attention`` measures with (``cli/bench/paged_attention.py``; ``bench
+kv`` and ``bench kernels`` use it too): the paged decode kernel's bytes per second against a device-to-device
+copy, its batch-1 latency against SDPA over the same K/V stored densely, and varlen paged prefill TFLOP/s
+against SDPA, each launch graph-replayed as the engine runs it and timed by ``triton.testing.do_bench``."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +12,16 @@ from collections.abc import Callable
 import torch
 
 from ..kernels.blocks import cdiv
+from ..kernels.flash_attention import flops
+from ..kernels.paged_attention import (
+    _paged_decode_tuned,
+    _paged_prefill_tuned,
+    decode_num_splits,
+    paged_attention,
+    tune_decode,
+)
+from ..kernels.reference import reference_attention
+from .machine import machine_name
 
 COPY_BYTES = 1 << 30
 BANDWIDTH_GOAL = 0.6  # of copy bandwidth, at batch >= 16 and context >= 2048
@@ -46,7 +40,7 @@ def _require(device: torch.device) -> None:
         raise RuntimeError(NO_CUDA)
 
 
-def _median_ms(fn: Callable[[], object], device: torch.device) -> float:
+def device_median_ms(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         import triton.testing
 
@@ -78,10 +72,6 @@ def graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[]
     return replay
 
 
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
-
-
 def copy_bandwidth_gbps(num_bytes: int = COPY_BYTES, device: str | torch.device = "cuda") -> float:
     """Device copy bandwidth: a ``num_bytes`` tensor copied on the device, read + write bytes per second
     / 1e9."""
@@ -89,7 +79,7 @@ def copy_bandwidth_gbps(num_bytes: int = COPY_BYTES, device: str | torch.device 
     _require(device)
     src = torch.empty(num_bytes // 2, device=device, dtype=torch.float16).normal_()
     dst = torch.empty_like(src)
-    return 2 * num_bytes / (_median_ms(lambda: dst.copy_(src), device) * 1e-3) / 1e9
+    return 2 * num_bytes / (device_median_ms(lambda: dst.copy_(src), device) * 1e-3) / 1e9
 
 
 def random_paged_cache(
@@ -142,9 +132,6 @@ def decode_kernel_bandwidth(
     _require(device)
     import torch.nn.functional as F
 
-    from ..kernels.paged_attention import _paged_decode_tuned, decode_num_splits, paged_attention, tune_decode
-    from ..kernels.reference import reference_attention
-
     torch.manual_seed(0)
     k_cache, v_cache, block_table = random_paged_cache(
         batch, context, kv_heads, head_dim, block_size, dtype, device
@@ -174,16 +161,16 @@ def decode_kernel_bandwidth(
     def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(dense_q, dense_k, dense_v, enable_gqa=True)
 
-    ms = _median_ms(graphed(step, device), device)
-    eager_ms = _median_ms(step, device)
-    sdpa_ms = _median_ms(graphed(sdpa, device), device)
+    ms = device_median_ms(graphed(step, device), device)
+    eager_ms = device_median_ms(step, device)
+    sdpa_ms = device_median_ms(graphed(sdpa, device), device)
     element = torch.finfo(dtype).bits // 8
     moved = (2 * batch * context * kv_heads * head_dim + 2 * batch * q_heads * head_dim) * element
     gbps = moved / (ms * 1e-3) / 1e9
     copy_gbps = copy_gbps or copy_bandwidth_gbps(copy_bytes, device)
     config = _paged_decode_tuned.last_config if device.type == "cuda" else None
     return {
-        "device": _device_name(device),
+        "device": machine_name(device),
         "batch": batch,
         "context": context,
         "q_heads": q_heads,
@@ -234,9 +221,6 @@ def prefill_kernel_tflops(
     _require(device)
     import torch.nn.functional as F
 
-    from ..kernels.flash_attention import flops
-    from ..kernels.paged_attention import _paged_prefill_tuned, paged_attention
-
     torch.manual_seed(0)
     k_cache, v_cache, block_table = random_paged_cache(
         num_seqs, seq_len, kv_heads, head_dim, block_size, dtype, device
@@ -269,10 +253,10 @@ def prefill_kernel_tflops(
     theirs = sdpa().transpose(1, 2).reshape(q.shape).double()
     rel_err = ((ours().double() - theirs).norm() / theirs.norm()).item()
     work = num_seqs * flops(1, q_heads, seq_len, seq_len, head_dim, causal=True)
-    ours_tflops = work / (_median_ms(ours, device) * 1e-3) / 1e12
-    sdpa_tflops = work / (_median_ms(sdpa, device) * 1e-3) / 1e12
+    ours_tflops = work / (device_median_ms(ours, device) * 1e-3) / 1e12
+    sdpa_tflops = work / (device_median_ms(sdpa, device) * 1e-3) / 1e12
     return {
-        "device": _device_name(device),
+        "device": machine_name(device),
         "num_seqs": num_seqs,
         "seq_len": seq_len,
         "q_heads": q_heads,
@@ -341,42 +325,3 @@ def prefill_rows(
         )
         print(rows[-1], flush=True)
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench paged_attention", description=__doc__)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
-    parser.add_argument(
-        "--smoke", action="store_true", help="tiny shapes, any device: checks the code, no figures"
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        head_shapes, batches, contexts = {"tiny": (3, 1, 32)}, [1, 2], [40]
-        prefill_shapes, prefill_seqs, prefill_len = [(3, 1, 32)], 2, 24
-    elif not torch.cuda.is_available():
-        print(NO_CUDA)
-        return 0
-    else:
-        head_shapes, batches, contexts = HEAD_SHAPES, args.batches, args.contexts
-        prefill_shapes, prefill_seqs, prefill_len = [(9, 3, 64), (32, 8, 128)], 4, 2048
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    copy_gbps = copy_bandwidth_gbps(COPY_BYTES if device.type == "cuda" else 1 << 20, device)
-    decode = decode_rows(head_shapes, batches, contexts, device, copy_gbps)
-    prefill = prefill_rows(prefill_shapes, prefill_seqs, prefill_len, device)
-    if args.smoke:
-        print("\nSmoke run on tiny shapes: it checks this code; its figures mean nothing.")
-    print(
-        f"\nPaged decode, bf16, block 16, on {_device_name(device)} (copy bandwidth {copy_gbps:.0f} GB/s): "
-        "goals "
-        f">= {BANDWIDTH_GOAL:.0%} of copy bandwidth at batch >= 16 and context >= 2048, batch-1 time <= "
-        f"{LATENCY_GOAL}x SDPA's on the same K/V stored densely"
-    )
-    print("\n".join(decode))
-    print(f"\nVarlen paged prefill, causal, bf16, beside torch SDPA (goal >= {PREFILL_GOAL}x):")
-    print("\n".join(prefill))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from ..sampling_params import SamplingParams
+
 
 def step_linears(model: nn.Module) -> list[nn.Module]:
     """Every matrix product of a step, in order: each layer's linears, then the LM head (not the embedding)."""
@@ -151,8 +153,6 @@ def measure_step_split(llm, prompt: str, new_tokens: int = 32, repeats: int = 3)
     """Time each part of ``llm``'s batch-1 greedy decode steps (``new_tokens`` tokens after ``prompt``; the
     prefill step is left out). Of ``repeats`` runs, the one whose mean step is the median is reported: its
     parts add up to its step."""
-    from ..engine.sampling_params import SamplingParams
-
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     llm.generate(prompt, params)  # warm up
     runs = []

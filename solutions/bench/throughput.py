@@ -1,21 +1,11 @@
-"""``python -m solutions bench throughput``: offline throughput of continuous batching, side by side in one run.
-
-One workload (N requests, prompt lengths 16-512 and output lengths 16-256, drawn with a seed; prompts are
-windows of real text; EOS ignored so every request produces exactly its length) runs through:
-
-- our engine (continuous batching, chunked prefill, paged KV cache);
-- the same engine with ``max_num_seqs=1`` (one request at a time);
-- Hugging Face ``generate`` with padded static batches (left-padded; each batch runs until its longest
-  request is done, so only the requested tokens count as useful output);
-- our engine again, sampling (temperature 0.8, top-p 0.95) instead of greedy: what drawing tokens costs.
-
-Beside them, the machine's compute ceiling measured in the same run: the model's own matrix products at a
-large batch, in FLOP/s, turned into the tokens/s a forward pass could reach if it did nothing else.
-"""
+"""What ``python -m solutions bench throughput`` measures with (``cli/bench/throughput.py``; notebooks 03 and 07
+use the same): a seeded workload (prompt lengths 16-512 and output lengths 16-256, prompts cut from real text,
+EOS ignored so every request produces exactly its length), its throughput through an engine or through Hugging
+Face ``generate`` in padded static batches, and the machine's compute ceiling: the model's own matrix products
+at a large batch, turned into the tokens/s a forward pass could reach if it did nothing else."""
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
@@ -23,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..sampling_params import SamplingParams
+from .hf_peer import hf_generate, left_padded
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_genesis_1-15.txt"
 
@@ -74,8 +67,6 @@ class Throughput:
 
 def run_engine(llm, workload: Workload, name: str = "fast-mode engine", **sampling) -> Throughput:
     """Greedy unless ``sampling`` gives other ``SamplingParams`` fields (request ``i`` is then seeded ``i``)."""
-    from ..engine.sampling_params import SamplingParams
-
     params = [
         SamplingParams(
             max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
@@ -96,18 +87,8 @@ def run_hf_static(model, workload: Workload, batch_size: int, pad_id: int) -> Th
     for first in range(0, len(workload.prompts), batch_size):
         prompts = workload.prompts[first : first + batch_size]
         longest_out = max(workload.output_lens[first : first + batch_size])
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.inference_mode():
-            model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=longest_out,
-                min_new_tokens=longest_out,
-                do_sample=False,
-                pad_token_id=pad_id,
-            )
+        ids, mask = left_padded(prompts, pad_id)
+        hf_generate(model, ids, longest_out, mask, pad_id)
     wall = time.perf_counter() - start
     return Throughput(f"HF generate, static batches of {batch_size}", wall, workload.num_prompt_tokens,
                       workload.num_output_tokens)  # fmt: skip
@@ -136,64 +117,3 @@ def compute_ceiling_tokens_per_s(model, batch: int = 512, repeats: int = 3) -> t
             seconds += count * statistics.median(times)
             flops += count * 2 * batch * in_features * out_features
     return flops / seconds, batch / seconds
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench throughput", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--num-requests", type=int, default=24)
-    parser.add_argument("--max-num-seqs", type=int, default=24)
-    parser.add_argument("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
-    args = parser.parse_args(argv)
-
-    from ..llm import LLM
-    from ..model.loader import bundled_model_path
-
-    llm = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
-    workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
-    print(f"workload: {args.num_requests} requests, {workload.num_prompt_tokens} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
-    results = [run_engine(llm, workload)]
-    one = LLM(device="cpu", dtype="float32", max_num_seqs=1, max_model_len=1024)
-    results.append(run_engine(one, workload, "same engine, max_num_seqs=1"))
-    if not args.no_hf:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging
-
-        logging.set_verbosity_error()
-        path = bundled_model_path()
-        hf = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
-        ).eval()
-        results.append(run_hf_static(hf, workload, args.hf_batch, pad_id=llm.tokenizer.eos_token_id or 0))
-    # The price of sampling: the same batch drawing every token from its top-p set instead of taking the argmax.
-    # A fresh engine: the first one's prefix cache holds every prompt by now.
-    fresh = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
-    results.append(
-        run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95)
-    )
-    flops, ceiling = compute_ceiling_tokens_per_s(llm.engine.model)
-    ours = results[0]
-    print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights")
-    print(
-        f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} tokens/s"
-    )
-    print(f"{'':<40}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}")
-    for r in results:
-        ratio = ours.output_tokens_per_s / r.output_tokens_per_s
-        print(
-            f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x"
-        )
-    print("goals:")
-    print(f"  >= 8x one-at-a-time:       {ours.output_tokens_per_s / results[1].output_tokens_per_s:.1f}x")
-    if not args.no_hf:
-        print(
-            f"  >= 4x HF static batching:  {ours.output_tokens_per_s / results[2].output_tokens_per_s:.1f}x"
-        )
-    print(
-        f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} (total tokens/s over the ceiling)"
-    )
-    return 0

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention_backend import resolve_backend
+from ..kernels.paged_attention import paged_attention
 from ..kernels.paged_torch import TorchPagedStep, check_slots_fit, kept_slots, write_slots
+from ..kernels.store_kv import store_kv
 
 
 class PagedKVCache:
@@ -89,9 +91,6 @@ class PagedAttention:
         self.cache, self.meta = cache, meta
         self.triton = resolve_backend(backend, cache.k.device) == "triton"
         if self.triton:
-            from ..kernels.paged_attention import paged_attention  # late: TRITON_INTERPRET is read at import
-            from ..kernels.store_kv import store_kv
-
             self._attention, self._store = paged_attention, store_kv
             return
         check_slots_fit(meta.slot_mapping, cache.num_blocks * cache.block_size)

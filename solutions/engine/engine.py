@@ -23,16 +23,20 @@ from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
 from ..kernels.blocks import cdiv
+from ..kernels.cpu_linear import decisions_line, use_fastest_linears
+from ..kernels.sampling import host_tensor, row_uniforms, sample, sampling_probs
 from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
+from ..quant.model import quantize_named_model
+from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
-from .sampler import host_tensor, row_uniforms, sample, sampling_probs
-from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
+from .speculator import Speculator
+from .tp_executor import TensorParallelExecutor
 
 log = logging.getLogger("fastmode")
 CPU_KV_CACHE_BYTES = 1 << 30  # a laptop holds 1 GiB of KV cache: 23k tokens of SmolLM2-135M in float32
@@ -54,33 +58,23 @@ class Engine:
         weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
         self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
-        self.workers = (
-            None  # Lesson 9: the other tensor-parallel ranks' processes, when tensor_parallel_size > 1
-        )
-        if config.tensor_parallel_size > 1:
-            from ..parallel.executor import (
-                TensorParallelExecutor,
-            )  # here, so a one-device engine starts no process
-
-            self.workers = TensorParallelExecutor(
-                config, weights
-            )  # spawns the workers; rank 0's shard is its model
+        # Lesson 9: with tensor_parallel_size > 1, the other ranks' processes; rank 0's shard is this model.
+        self.workers = TensorParallelExecutor(config, weights) if config.tensor_parallel_size > 1 else None
+        if self.workers is not None:
             self.model = self.workers.model
         else:
             self.model = LlamaModel.from_state_dict(
                 weights.config, weights.state_dict, config.device, config.torch_dtype
             )
-        if config.quantization and self.workers is None:
-            from ..quant.model import (
-                quantize_named_model,
-            )  # here, so `python -m solutions.quant.awq` imports it once
-
-            quantize_named_model(
-                self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size
-            )
+            if config.quantization:  # a shard is quantized as it is built
+                quantize_named_model(
+                    self.model, weights.source.stem, config.quantization, config.w_bit, config.group_size
+                )
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
         self.device = self.model.norm.weight.device
+        if self.device.type == "cpu":  # each float linear runs the matrix product measured fastest here
+            log.info(decisions_line(use_fastest_linears(self.model)))
         if self.workers is None:
             self.model.use_ops(select_layer_ops(self.device, self.model))  # fused kernels where they pay
         cache = self._allocate_kv_cache()
@@ -103,13 +97,8 @@ class Engine:
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
-        self.speculator = None
-        if config.speculative:
-            from ..speculative.speculator import (
-                Speculator,
-            )  # Lesson 4; here, so the plain engine never loads a head
-
-            self.speculator = Speculator(config, self.model, self.kv, cache)
+        # Lesson 4: drafts before each step, verifies after it.
+        self.speculator = Speculator(config, self.model, self.kv, cache) if config.speculative else None
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
 

@@ -13,9 +13,9 @@ import enum
 
 import torch
 
+from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -25,6 +25,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..kernels.attention_backend import resolve_backend
+from ..kernels.paged_attention import tune_decode
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, batch_buckets
@@ -174,8 +175,6 @@ class ModelRunner:
         """Fill a bucket's static inputs with padding rows only (a valid batch that touches no live slot), and
         tune the decode kernel for the bucket first: padding rows have no context to time it on."""
         if self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton":
-            from ..kernels.paged_attention import tune_decode  # late: a Triton module
-
             heads = self.model.config.num_heads
             tune_decode(
                 self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads

@@ -15,15 +15,15 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
-from ..engine.request import Request
-from ..engine.runner import ModelOutput
-from ..engine.sampler import sampling_probs
-from ..engine.scheduler import SchedulerOutput
+from ..kernels.sampling import sampling_probs
 from ..model.llama import LlamaModel
-from .drafter import EagleDrafter, NgramDrafter
-from .eagle import HEAD_PATH, load_head, target_features
-from .rejection import verify
-from .tree import DraftTree, walk_greedy, walk_tree
+from ..speculative.drafter import EagleDrafter, NgramDrafter
+from ..speculative.eagle import HEAD_PATH, load_head, target_features
+from ..speculative.rejection import verify
+from ..speculative.tree import DraftTree, walk_greedy, walk_tree
+from .request import Request
+from .runner import ModelOutput
+from .scheduler import SchedulerOutput
 
 
 class Speculator:

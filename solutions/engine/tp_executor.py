@@ -34,14 +34,14 @@ import torch.distributed as dist
 
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
-from ..engine.input_batch import StepInputs
-from ..engine.runner import ModelRunner
 from ..model.loader import LoadedWeights
-from .group import COLLECTIVE_TIMEOUT, TensorParallelError, TensorParallelGroup, rank_device
-from .shard import check_shardable
-from .sharded_model import build_shard
-from .step import StepHeader
-from .worker import WorkerSetup, run_worker
+from ..parallel.group import COLLECTIVE_TIMEOUT, TensorParallelError, TensorParallelGroup, rank_device
+from ..parallel.shard import check_shardable
+from ..parallel.sharded_model import build_shard
+from .input_batch import StepInputs
+from .runner import ModelRunner
+from .tp_step import StepHeader
+from .tp_worker import WorkerSetup, run_worker
 
 log = logging.getLogger("fastmode")
 # Loading a large shard takes a while; a worker that dies during start-up is noticed at once regardless.

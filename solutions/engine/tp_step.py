@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.input_batch import StepInputs, StepLayout
+from .input_batch import StepInputs, StepLayout
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ collectives fail at once instead of waiting.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import traceback
@@ -26,10 +25,11 @@ import torch
 
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
-from ..engine.runner import ModelRunner
+from ..kernels.cpu_linear import use_linear_decisions
 from ..model.loader import load_weights
-from .group import TensorParallelGroup, rank_device
-from .sharded_model import build_shard, use_linear_choices
+from ..parallel.group import TensorParallelGroup, rank_device
+from ..parallel.sharded_model import build_shard
+from .runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ def run_worker(rank: int, config: EngineConfig, store_port: int, conn: Connectio
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # N processes share the machine's cores: one thread each unless told, so they do not oversubscribe them.
     torch.set_num_threads(config.num_threads or 1)
-    # Rank 0's measured CPU linear paths arrive in WorkerSetup; meanwhile load with the plain path, measuring
-    # nothing.
-    os.environ.setdefault("FASTMODE_CPU_LINEAR", "linear")
     device = rank_device(config.device, rank)
     try:
         conn.send(("joining", None))
@@ -61,7 +58,8 @@ def run_worker(rank: int, config: EngineConfig, store_port: int, conn: Connectio
         model = build_shard(config, weights, group)
         conn.send(("loaded", None))
         setup: WorkerSetup = conn.recv()
-        use_linear_choices(model, setup.linear_decisions)
+        if device.type == "cpu":  # rank 0's measured paths: the shards have rank 0's shapes
+            use_linear_decisions(model, setup.linear_decisions)
         cache = PagedKVCache(
             model.config.num_layers,
             setup.num_blocks,

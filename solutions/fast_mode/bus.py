@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from ..bench.online import percentile, poisson_arrival_offsets
 from ..cache.kv_cache_manager import KVCacheManager
 from ..engine.request import Request, RequestGroup
-from ..engine.sampling_params import SamplingParams
 from ..engine.scheduler import Scheduler
 from ..kernels.blocks import cdiv
+from ..sampling_params import SamplingParams
 from .planner import WeightFormat
 
 

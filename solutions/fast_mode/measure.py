@@ -19,7 +19,10 @@ from torch import nn
 
 from ..bench.batching import BatchSpeed, measure_batch_speed
 from ..bench.step_split import linear_seconds, step_linears
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
+from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
+from ..speculative.drafter import EagleDrafter
+from ..speculative.eagle import DATA_DIR, load_head
 from .planner import WeightFormat
 
 
@@ -103,10 +106,6 @@ def measure_drafting(
     """``speculative.acceptance.Acceptance`` (teacher-forced tau, ``draft_seconds`` per step) of the shipped
     EAGLE head drafting a chain of ``depth`` (``tree_nodes == 0``) or a tree of ``tree_nodes`` nodes ``depth``
     deep, on the first ``answers`` held-back greedy answers (``data/spec/heldout_responses.jsonl``)."""
-    from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
-    from ..speculative.drafter import EagleDrafter
-    from ..speculative.eagle import DATA_DIR, load_head
-
     if depth < 1 or tree_nodes < 0 or answers < 1:
         raise ValueError(
             f"need depth >= 1, tree_nodes >= 0 and answers >= 1, got {depth}, {tree_nodes}, {answers}"

@@ -1,8 +1,8 @@
 """Backend selection for prefill attention: compiled Triton on CUDA, plain torch on CPU unless asked.
 
 ``"auto"`` reads ``$FASTMODE_ATTENTION`` at call time, then falls back to "triton" on CUDA and "torch" on
-CPU; "triton" on CPU runs the very same kernel through the interpreter (``TRITON_INTERPRET=1`` must be
-set before the kernel module is first imported).
+CPU; "triton" on CPU runs the very same kernel through the interpreter (``TRITON_INTERPRET=1``, which
+``import solutions`` sets on a machine without a GPU). ``$FASTMODE_ATTENTION`` is read here only.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import torch
 
 from .attention import gqa_attention
+from .flash_attention import flash_attention
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -30,7 +31,5 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Attention for q ``[B, Hq, Lq, D]`` over k/v ``[B, Hkv, Lk, D]`` on the chosen backend."""
     if resolve_backend(backend, q.device) == "triton":
-        from .flash_attention import flash_attention  # imported late: TRITON_INTERPRET is read at import
-
         return flash_attention(q, k, v, causal=causal)
     return gqa_attention(q, k, v, causal=causal)

@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..paths import cache_dir
+
 CACHE_VERSION = 1
 CACHE_FILE = "cpu_linear.json"
 FORCE_ENV = "FASTMODE_CPU_LINEAR"
@@ -153,9 +155,8 @@ class CpuLinear(nn.Linear):
 # ---- the decision cache ---------------------------------------------------------------------------
 
 
-def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object]:
-    """What a decision depends on: the CPU, torch's build and threads, and the ``candidates`` compared (default:
-    this file's paths and regimes; ``model/cpu_layer_ops.py`` passes its own)."""
+def _cpu_info() -> dict[str, str]:
+    """The first CPU's fields in ``/proc/cpuinfo`` (empty where there is none)."""
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -163,11 +164,22 @@ def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object
             info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    model = info.get("model name") or platform.processor() or platform.machine()
+    return info
+
+
+def cpu_model() -> str:
+    """This machine's CPU model name ("AMD EPYC 9R14 ..."), or the platform's name for it."""
+    return _cpu_info().get("model name") or platform.processor() or platform.machine()
+
+
+def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object]:
+    """What a decision depends on: the CPU, torch's build and threads, and the ``candidates`` compared (default:
+    this file's paths and regimes; ``model/cpu_layer_ops.py`` passes its own)."""
+    info = _cpu_info()
     flags = info.get("flags") or info.get("Features", "")
     return {
         "cache_version": CACHE_VERSION,
-        "cpu": model,
+        "cpu": cpu_model(),
         "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12],
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -176,8 +188,6 @@ def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object
 
 
 def cache_path() -> Path:
-    from .loader import cache_dir
-
     return cache_dir() / CACHE_FILE
 
 
@@ -383,25 +393,47 @@ def use_fastest_linears(model: nn.Module, use_cache: bool = True) -> dict[str, d
     Returns the decisions used (shape key -> ``{regime: {path, us}}``), also kept as
     ``model.linear_decisions`` for reports. Weights are shared, not copied; ties survive.
     """
-    linears = list(_linears(model))
-    forced = forced_choices()
     decisions: dict[str, dict] = {}
-    if forced is None:
+    if forced_choices() is None:
         by_shape: dict[tuple[int, int, torch.dtype], list[torch.Tensor]] = {}
         seen = set()
-        for _, _, linear in linears:
+        for _, _, linear in _linears(model):
             if linear.weight.data_ptr() not in seen:
                 seen.add(linear.weight.data_ptr())
                 by_shape.setdefault((*linear.weight.shape, linear.weight.dtype), []).append(
                     linear.weight.detach()
                 )
         decisions = choose_paths(by_shape, use_cache)
-    for parent, child_name, linear in linears:
-        key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
-        choices = forced or {regime: pick["path"] for regime, pick in decisions[key].items()}
-        setattr(parent, child_name, CpuLinear.from_linear(linear, choices))
-    model.linear_decisions = decisions
+    use_linear_decisions(model, decisions)
     return decisions
+
+
+def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
+    """Replace each ``nn.Linear`` of ``model`` by a ``CpuLinear`` running the paths ``decisions`` name for its
+    shape (``$FASTMODE_CPU_LINEAR``'s path when set); a shape they do not name keeps ``F.linear``. Kept as
+    ``model.linear_decisions``. A tensor-parallel worker takes rank 0's decisions here instead of measuring: it
+    runs fewer threads than rank 0, so its timings would be filed under another machine key."""
+    forced = forced_choices()
+    for parent, child_name, linear in list(_linears(model)):
+        key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
+        decision = decisions.get(key)
+        choices = forced or (decision and {regime: pick["path"] for regime, pick in decision.items()})
+        if choices:
+            setattr(parent, child_name, CpuLinear.from_linear(linear, choices))
+    model.linear_decisions = decisions
+
+
+def decisions_line(decisions: dict[str, dict]) -> str:
+    """One line for a log: how many shapes, and the path each regime chose how often."""
+    forced = forced_choices()
+    if forced is not None:
+        return f"CPU linears: ${FORCE_ENV} forces the {forced['decode']} path"
+    counts = {regime: sorted({entry[regime]["path"] for entry in decisions.values()}) for regime in REGIMES}
+    picks = "; ".join(f"{regime}: {', '.join(paths)}" for regime, paths in counts.items())
+    return (
+        f"CPU linears: the paths measured fastest for {len(decisions)} weight shapes ({picks}; cached in "
+        f"{cache_path()}; ${FORCE_ENV}=linear skips the measuring)"
+    )
 
 
 def fastest_linear(weight: torch.Tensor, use_cache: bool = True) -> CpuLinear:

@@ -23,8 +23,8 @@ paged attention, counted by ``python -m solutions bench kernels`` on a GPU::
 
 (a GEMM is one cuBLAS kernel, or two where cuBLAS splits K and reduces apart).
 
-All kernels take CUDA tensors (compiled) or CPU tensors (``TRITON_INTERPRET=1``, set before this module is
-imported). Inputs need stride 1 in their last dim; the outputs are new, contiguous tensors, except where a
+All kernels take CUDA tensors (compiled) or CPU tensors (through the interpreter: ``TRITON_INTERPRET=1``, which
+``import solutions`` sets on a machine without a GPU). Inputs need stride 1 in their last dim; the outputs are new, contiguous tensors, except where a
 kernel writes in place as documented.
 """
 

@@ -314,7 +314,7 @@ def fused_moe(
     check_ids: bool = True,
 ) -> torch.Tensor:
     """``[T, H]``: the MoE layer on ``backend`` ("auto": Triton on CUDA, torch on CPU; "triton" on CPU
-    runs the kernel through the interpreter, ``TRITON_INTERPRET=1`` set before import)."""
+    runs the kernel through the interpreter, as ``import solutions`` chooses on a machine without a GPU)."""
     if backend == "auto":
         backend = "triton" if x.device.type == "cuda" else "torch"
     if backend == "triton":

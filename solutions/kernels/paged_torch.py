@@ -1,5 +1,4 @@
-"""The CPU paths of the paged-KV kernels, in plain torch (no Triton import, so a CPU engine never loads a
-kernel module before ``TRITON_INTERPRET`` is decided): ``store_kv_torch`` writes a step's K/V into their slots,
+"""The CPU paths of the paged-KV kernels, in plain torch: ``store_kv_torch`` writes a step's K/V into their slots,
 ``paged_attention_torch`` attends through block tables. Semantics are those of ``store_kv.store_kv`` and
 ``paged_attention.paged_attention``."""
 

@@ -5,13 +5,16 @@ device, with no host branching on device values (so a GPU step never waits for t
 same one the speculative verifier checks drafts against; ``sample`` draws from it by inversion, one uniform
 number per row. A seeded row's number is a hash of its seed and the token's position (``counter_uniforms``), so
 its tokens depend on nothing else in the batch, and are the same on every device.
+
+Tensor math only, below both of its users: the engine samples each step's tokens with it, and
+``speculative/rejection.py`` verifies drafts against the same distribution.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

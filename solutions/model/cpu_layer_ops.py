@@ -4,7 +4,7 @@ ahead of time (``kernels/cpu_aot.py``), whichever measures faster on this machin
 
 The fused chains are the very functions of ``llama.py`` (``add_rms_norm``, ``apply_rope``, ``silu_mul``),
 exported with every size dynamic: one library per chain and dtype serves every model and token count,
-compiled on a machine's first use (minutes) and loaded in milliseconds after (``library_dir()``). Each is
+compiled on a machine's first use (minutes) and loaded in milliseconds after (``paths.kernel_cache_dir()``). Each is
 wrapped so that an input it was not compiled for (another dtype or device, a strided layout, a tensor that
 needs gradients, the first layer's missing residual) runs the plain function instead: the fused set never
 fails where the plain one works.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,8 @@ from torch import nn
 from torch.export import Dim
 
 from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path, require_compiler
-from .cpu_linear import PREFILL_ROWS, REGIMES, cached_decisions, fastest_rounds, machine_key
+from ..kernels.cpu_linear import PREFILL_ROWS, REGIMES, cached_decisions, fastest_rounds, machine_key
+from ..paths import cache_dir, kernel_cache_dir
 from .llama import PLAIN_OPS, LayerOps, add_rms_norm, apply_rope, rms_norm, silu_mul
 
 log = logging.getLogger("fastmode")
@@ -109,13 +109,6 @@ def model_sizes(model: nn.Module) -> dict[str, int]:
     }
 
 
-def library_dir() -> Path:
-    """Where the compiled chains live: ``$FASTMODE_KERNEL_CACHE``, default ``~/.cache/fastmode/kernels``.
-    Not under ``$FASTMODE_CACHE``, which a run (or a test) may point at a fresh folder for its models:
-    compiled code depends on the machine and torch, not on the models, and takes minutes to build."""
-    return Path(os.environ.get("FASTMODE_KERNEL_CACHE", Path.home() / ".cache" / "fastmode" / "kernels"))
-
-
 def compiled_chains(dtype: torch.dtype) -> dict[str, Runner]:
     """The library of each chain for ``dtype`` inputs, compiled on this machine's first use (one log line says
     so: it takes minutes); ``{}``, with one log line saying why, where they cannot be built (no C++ compiler,
@@ -126,7 +119,7 @@ def compiled_chains(dtype: torch.dtype) -> dict[str, Runner]:
         examples = tuple(t.contiguous() for t in examples)  # the library is compiled for contiguous inputs
         dynamic = chain.dynamic_shapes()
         library = f"{name}-{str(dtype).removeprefix('torch.')}"
-        path = package_path(library_dir(), library, chain.sources, examples, dynamic, machine_key({}))
+        path = package_path(kernel_cache_dir(), library, chain.sources, examples, dynamic, machine_key({}))
         libraries[name] = (chain.plain, examples, dynamic, path)
     paths = tuple(path for *_, path in libraries.values())
     if paths not in _compiled:
@@ -280,8 +273,6 @@ def cpu_layer_ops(model: nn.Module, use_cache: bool = True) -> LayerOps:
 
     The decisions used (key -> ``{regime: {path, us}}``) are kept as ``model.layer_ops_decisions``.
     """
-    from .loader import cache_dir
-
     if not __name__.startswith("solutions."):  # labs/: the learner's functions run as they wrote them
         return PLAIN_OPS
     dtype, sizes = model.norm.weight.dtype, model_sizes(model)

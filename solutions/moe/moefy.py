@@ -1,4 +1,4 @@
-"""``python -m solutions.moe.moefy --experts 8``: MoE-fy the bundled SmolLM2 and measure what top-k costs.
+"""MoE-fy the bundled SmolLM2 and measure what top-k costs (``python -m solutions moefy --experts 8`` runs it).
 
 MoEfication (Zhang et al., 2022) without retraining the model:
 
@@ -20,11 +20,7 @@ otherwise, and is not part of the repository.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import platform
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,8 +32,7 @@ from safetensors.torch import load_file, save_file
 from ..kernels.attention import gqa_attention
 from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
-from ..model.loader import bundled_model_path, cache_dir, load_weights
-from ..quant.perplexity import perplexity
+from ..model.loader import bundled_model_path
 from .split import balanced_kmeans, expert_importance, neurons_by_expert, top_k_recall, train_router
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,18 +94,6 @@ def split_model(
         all_neurons.append(neurons)
         routers.append(router)
     return torch.stack(all_neurons), torch.stack(routers), recalls
-
-
-def machine_name() -> str:
-    """The CPU's model name and the threads torch uses (for the record beside each figure)."""
-    name = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def moefied_config(config: ModelConfig, num_experts: int, top_k: int) -> ModelConfig:
@@ -205,7 +188,7 @@ def load_or_compute_split(
           f"mean {sum(recalls) / len(recalls):.2f}, min {min(recalls):.2f}", flush=True)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {
-        "command": f"python -m solutions.moe.moefy --experts {num_experts} --split {split} --recompute",
+        "command": f"python -m solutions moefy --experts {num_experts} --split {split} --recompute",
         "calibration": f"first {len(ids)} tokens of data/text/{CALIBRATION_TEXT.name}",
         "router_recall": json.dumps([round(r, 4) for r in recalls]),
     }
@@ -213,88 +196,3 @@ def load_or_compute_split(
         {"neurons": neurons.to(torch.int16), "routers": routers.contiguous()}, str(path), metadata=metadata
     )
     return neurons, routers
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions.moe.moefy", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--experts", type=int, default=8)
-    parser.add_argument(
-        "--top-k", type=int, default=None, help="experts per token in the written config (default E/2)"
-    )
-    parser.add_argument("--split", choices=["coactivation", "random"], default="coactivation")
-    parser.add_argument(
-        "--recompute", action="store_true", help="redo the split and routers (else read data/moe/)"
-    )
-    parser.add_argument("--calib-tokens", type=int, default=2048)
-    parser.add_argument("--eval-tokens", type=int, default=2048)
-    parser.add_argument(
-        "--out", type=Path, default=None, help="folder for the converted model (default: the cache)"
-    )
-    parser.add_argument("--no-write", action="store_true", help="measure only; write no model folder")
-    args = parser.parse_args(argv)
-    num_experts = args.experts
-    top_k = args.top_k or max(1, num_experts // 2)
-
-    weights = load_weights()
-    config = weights.config
-    if config.intermediate_size % num_experts:
-        raise ValueError(
-            f"intermediate_size {config.intermediate_size} does not split into {num_experts} experts"
-        )
-    dense = LlamaModel.from_state_dict(config, weights.state_dict, "cpu", torch.float32)
-    neurons, routers = load_or_compute_split(
-        dense, weights.tokenizer, num_experts, args.split, args.calib_tokens, args.recompute
-    )
-    moe_state = moefied_state_dict(weights.state_dict, neurons, routers)
-    moe_config = moefied_config(config, num_experts, top_k)
-    moe = LlamaModel.from_state_dict(
-        replace(moe_config, num_experts_per_tok=num_experts), moe_state, "cpu", torch.float32
-    )
-
-    eval_ids = torch.tensor(weights.tokenizer.encode(EVALUATION_TEXT.read_text())[: args.eval_tokens])
-    check = eval_ids[:WINDOW]
-    with torch.inference_mode():
-        gap = (moe.sequence_logits(check) - dense.sequence_logits(check)).abs().max().item()
-    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} over {len(check)} tokens",
-          flush=True)  # fmt: skip
-    dense_ppl = perplexity(dense, eval_ids, WINDOW)
-    dense_flops = ffn_flops_per_token(config, num_experts, None)
-    print(
-        f"\nperplexity on the first {len(eval_ids)} tokens of {EVALUATION_TEXT.name} (windows of {WINDOW});"
-    )
-    print(f"FFN MFLOPs per token over {config.num_layers} layers (router included); split: {args.split}")
-    print(f"{'model':<14}{'FFN MFLOP':>10}{'of dense':>10}{'perplexity':>12}{'vs dense':>10}")
-    print(f"{'dense':<14}{dense_flops / 1e6:>10.1f}{1:>10.0%}{dense_ppl:>12.5g}{1:>9.3g}x")
-    curve = {"dense": {"ffn_flops": dense_flops, "perplexity": dense_ppl}}
-    for k in range(1, num_experts + 1):
-        for layer in moe.layers:
-            layer.mlp.top_k = k
-        ppl = perplexity(moe, eval_ids, WINDOW)
-        flops = ffn_flops_per_token(config, num_experts, k)
-        curve[f"top-{k}"] = {"ffn_flops": flops, "perplexity": ppl}
-        print(f"{f'top-{k} of {num_experts}':<14}{flops / 1e6:>10.1f}{flops / dense_flops:>10.0%}"
-              f"{ppl:>12.5g}{ppl / dense_ppl:>9.3g}x", flush=True)  # fmt: skip
-    if not math.isclose(gap, 0.0, abs_tol=1e-3):
-        raise RuntimeError(f"k = E does not reproduce the dense model (max logit gap {gap:.2e})")
-    record = {
-        "command": "python -m solutions.moe.moefy " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_name(),
-        "evaluation": f"first {len(eval_ids)} tokens of data/text/{EVALUATION_TEXT.name}, windows of {WINDOW}",
-        "split": args.split,
-        "k_equals_e_max_logit_gap": gap,
-        "curve": curve,
-    }
-    curve_path = artefact_path(num_experts, args.split).with_suffix(".curve.json")
-    curve_path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"curve written to {curve_path.relative_to(ROOT)}")
-    if not args.no_write:
-        folder = args.out or cache_dir() / f"{weights.source.stem}-moe{num_experts}"
-        write_folder(folder, moe_config, moe_state, weights.tokenizer)
-        print(f"\nwrote {folder} (top-{top_k} of {num_experts}); load it with LLM(model={str(folder)!r})")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,12 +11,11 @@ its MLP ``I / N`` channels. Only the four swapped modules communicate.
 
 from __future__ import annotations
 
-from torch import nn
-
 from ..config import EngineConfig
-from ..model.cpu_linear import CpuLinear, shape_key
 from ..model.llama import LlamaModel
 from ..model.loader import LoadedWeights
+from ..quant.awq import load_awq_params
+from ..quant.model import quantize_model
 from .group import TensorParallelGroup
 from .layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from .shard import ShardedStateDict, shard_awq_params, shard_config, vocab_range
@@ -30,9 +29,6 @@ def build_shard(config: EngineConfig, weights: LoadedWeights, group: TensorParal
         shard_config(weights.config, world), state, group.device, config.torch_dtype
     )
     if config.quantization:
-        from ..quant.awq import load_awq_params
-        from ..quant.model import quantize_model
-
         params = None
         if config.quantization == "awq":
             whole = load_awq_params(weights.source.stem, config.w_bit, config.group_size)
@@ -50,17 +46,3 @@ def parallelize(model: LlamaModel, vocab_size: int, group: TensorParallelGroup) 
     start, end = vocab_range(vocab_size, group.rank, group.world_size)
     model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, start, end, group)
     model.lm_head = ParallelLMHead(model.lm_head, vocab_size, group)
-
-
-def use_linear_choices(model: nn.Module, decisions: dict[str, dict]) -> None:
-    """Run each ``CpuLinear`` of ``model`` by the paths rank 0 measured for its shape (rank 0's
-    ``model.linear_decisions``: every rank's shards have the same shapes). A worker takes these instead of
-    measuring: it runs fewer threads than rank 0, so its timings would be filed under another machine key."""
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if not isinstance(child, CpuLinear):
-                continue
-            decision = decisions.get(shape_key(child.out_features, child.in_features, child.weight.dtype))
-            if decision is not None:
-                choices = {regime: pick["path"] for regime, pick in decision.items()}
-                setattr(parent, name, CpuLinear(child.weight, child.bias, choices))

@@ -15,24 +15,22 @@ attention its input channels come from shared V heads, so a free per-channel sca
 into V (llm-awq skips it too). The tied LM head gets no scale either, since folding one would change
 the embedding lookups; it is clipped.
 
-``python -m solutions.quant.awq`` calibrates the bundled model and writes the file that
-``LLM(quantization="awq")`` reads.
+``quant/calibrate.py`` runs the searches over a whole model (``python -m solutions calibrate-awq`` writes the
+file that ``LLM(quantization="awq")`` reads).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from .rtn import check_quant_args, fake_quantize
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-CALIBRATION_TEXT = DATA_DIR / "text" / "kjv_genesis_1-15.txt"
 CLIP_GRID, CLIP_MAX_SHRINK = 20, 0.5
 
 
@@ -122,136 +120,11 @@ def awq_params_path(model_name: str, w_bit: int, group_size: int) -> Path:
 
 def load_awq_params(model_name: str, w_bit: int, group_size: int) -> dict[str, torch.Tensor]:
     """The cached ``{linear name}.scales`` (float16 ``[K]``) and ``{linear name}.clip`` (uint8 ``[N]``) tensors."""
-    from safetensors.torch import load_file
-
     path = awq_params_path(model_name, w_bit, group_size)
     if not path.exists():
         raise FileNotFoundError(
             f"no AWQ scales for {model_name} at w_bit={w_bit}, group_size={group_size} ({path} is missing). "
             f"Compute them (a few minutes on CPU) with:\n"
-            f"    python -m solutions.quant.awq --w-bit {w_bit} --group-size {group_size}"
+            f"    python -m solutions calibrate-awq --w-bit {w_bit} --group-size {group_size}"
         )
     return load_file(str(path))
-
-
-def _attention_block(
-    attn, cos: torch.Tensor, sin: torch.Tensor, window: int
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """qkv_proj's output -> o_proj's output (float o_proj), causal within each calibration window."""
-    from ..kernels.attention import gqa_attention
-    from ..model.llama import apply_rope
-
-    rotated = attn.num_heads + attn.num_kv_heads
-
-    def block(qkv: torch.Tensor) -> torch.Tensor:
-        tokens = qkv.shape[0]
-        qkv = qkv.view(tokens, rotated + attn.num_kv_heads, attn.head_dim)
-        q, k = apply_rope(qkv[:, :rotated], cos, sin).split([attn.num_heads, attn.num_kv_heads], dim=1)
-        heads_first = lambda t: t.reshape(-1, window, t.shape[1], attn.head_dim).transpose(1, 2)
-        out = gqa_attention(heads_first(q), heads_first(k), heads_first(qkv[:, rotated:]), causal=True)
-        return out.transpose(1, 2).reshape(tokens, -1) @ attn.o_proj.weight.T
-
-    return block
-
-
-def _mlp_block(mlp) -> Callable[[torch.Tensor], torch.Tensor]:
-    """gate_up's output -> the MLP's output, with the float down projection."""
-
-    def block(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return torch.nn.functional.silu(gate) * up @ mlp.down_proj.weight.T
-
-    return block
-
-
-@torch.inference_mode()
-def calibrate(
-    model, calibration_ids: torch.Tensor, w_bit: int, group_size: int, window: int = 512
-) -> dict[str, torch.Tensor]:
-    """AWQ scales and clip indices for every linear of ``model``, from one float pass over ``calibration_ids``.
-
-    The model is left unchanged. Inputs are captured once: scaling preserves each layer's function,
-    so the float model's activations, divided by the scales, are the scaled model's activations.
-    """
-    from tqdm import tqdm
-
-    from .model import layer_linears
-
-    calibration_ids = calibration_ids[: len(calibration_ids) // window * window]  # whole windows only
-    positions = torch.arange(len(calibration_ids)) % window
-    cos, sin = model.rope_cos[positions], model.rope_sin[positions]
-    captured: dict[str, list[torch.Tensor]] = {}
-    hooks = []
-    for name, module in [*layer_linears(model), ("lm_head", model.lm_head)]:
-        captured[name] = []
-        hooks.append(
-            module.register_forward_hook(lambda m, args, out, name=name: captured[name].append(args[0]))
-        )
-    try:
-        for start in tqdm(
-            range(0, len(calibration_ids), window), desc="capturing activations", unit="window"
-        ):
-            model.sequence_logits(calibration_ids[start : start + window])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    inputs = {name: torch.cat(chunks) for name, chunks in captured.items()}
-
-    params: dict[str, torch.Tensor] = {}
-    # The scale each linear's input gets: qkv and gate_up read a norm's output, down_proj reads up's.
-    scaled = [n for n, _ in layer_linears(model) if not n.endswith("o_proj")]
-    blocks = {}
-    for i, layer in enumerate(model.layers):
-        blocks[f"layers.{i}.qkv_proj"] = _attention_block(layer.self_attn, cos, sin, window)
-        blocks[f"layers.{i}.gate_up_proj"] = _mlp_block(layer.mlp)
-    for name, module in tqdm(list(layer_linears(model)), desc="searching scales and clips", unit="linear"):
-        weight, x = module.weight, inputs[name]
-        if name in scaled:
-            scales = search_scale(weight, x, w_bit, group_size, block=blocks.get(name)).scales
-            params[f"{name}.scales"] = scales.half()
-            weight, x = weight * scales, x / scales
-        params[f"{name}.clip"] = search_clip(weight, x, w_bit, group_size)
-    # The LM head is 49152 outputs wide: a quarter of the tokens is plenty for one clip ratio per output.
-    params["lm_head.clip"] = search_clip(model.lm_head.weight, inputs["lm_head"][::4], w_bit, group_size)
-    return params
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions.quant.awq", description="Calibrate AWQ scales."
-    )
-    parser.add_argument(
-        "--model", default=None, help="a .gguf file or checkpoint folder (default: bundled SmolLM2)"
-    )
-    parser.add_argument("--w-bit", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--calibration", type=Path, default=CALIBRATION_TEXT, help="a UTF-8 text file")
-    parser.add_argument("--tokens", type=int, default=2048, help="calibration tokens (windows of 512)")
-    args = parser.parse_args(argv)
-
-    from safetensors.torch import save_file
-
-    from ..model.llama import LlamaModel
-    from ..model.loader import load_weights
-
-    weights = load_weights(args.model)
-    model = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
-    ids = torch.tensor(weights.tokenizer.encode(args.calibration.read_text())[: args.tokens])
-    if len(ids) < args.tokens:
-        print(f"note: {args.calibration} has only {len(ids)} tokens; calibrating on those", file=sys.stderr)
-    params = calibrate(model, ids, args.w_bit, args.group_size)
-    path = awq_params_path(weights.source.stem, args.w_bit, args.group_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {
-        "w_bit": str(args.w_bit),
-        "group_size": str(args.group_size),
-        "calibration": f"{args.calibration.name}, first {len(ids)} tokens",
-        "clip_ratios": f"1 - {CLIP_MAX_SHRINK} * clip / {CLIP_GRID}",
-    }
-    save_file({k: v.contiguous() for k, v in params.items()}, str(path), metadata=metadata)
-    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.awq_gemm import awq_gemm
 from .pack import pack_int4, unpack_int4
 from .rtn import GroupQuantized, quantize
 
@@ -80,8 +81,6 @@ class QuantLinear(nn.Module):
                 flat.to(torch.bfloat16), self.qweight, self.group_size, self.scale_offset
             )
         else:
-            from ..kernels.awq_gemm import awq_gemm
-
             out = awq_gemm(flat, self.qweight, self.scales, self.zeros, self.group_size)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 

@@ -17,7 +17,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .awq import clip_max_val, clip_ratios
+from ..kernels.cpu_linear import use_fastest_linears
+from ..model.llama import LlamaModel
+from ..model.loader import load_weights
+from .awq import clip_max_val, clip_ratios, load_awq_params
 from .linear import QuantEmbedding, QuantLinear
 from .rtn import check_quant_args
 
@@ -120,8 +123,6 @@ def quantize_named_model(
     model: nn.Module, model_name: str, method: str, w_bit: int, group_size: int
 ) -> nn.Module:
     """``quantize_model``, reading AWQ's cached scales for ``model_name`` (its weights file's stem) when needed."""
-    from .awq import load_awq_params
-
     if method not in METHODS:
         raise ValueError(f"quantization method must be one of {METHODS}, got {method!r}")
     params = load_awq_params(model_name, w_bit, group_size) if method == "awq" else None
@@ -131,12 +132,11 @@ def quantize_named_model(
 def build_model(
     quantization: str | None = None, w_bit: int = 4, group_size: int = 64, model: str | None = None
 ) -> tuple[nn.Module, object]:
-    """A float32 CPU ``LlamaModel`` of ``model`` (default: bundled), quantized as asked; returns it and its tokenizer."""
-    from ..model.llama import LlamaModel
-    from ..model.loader import load_weights
-
+    """A float32 CPU ``LlamaModel`` of ``model`` (default: bundled), quantized as asked, its float linears on the
+    CPU paths measured fastest; returns it and its tokenizer (``python -m solutions perplexity``)."""
     weights = load_weights(model)
     net = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
     if quantization is not None:
         quantize_named_model(net, weights.source.stem, quantization, w_bit, group_size)
+    use_fastest_linears(net)  # the float linears left (all of them unquantized) run the fastest CPU path
     return net, weights.tokenizer

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from ..engine.engine import Engine
 from ..engine.outputs import CompletionOutput, RequestOutput
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine.outputs import CompletionOutput, RequestOutput
+from ..llm import LLM
+from ..model.loader import bundled_model_path
 from .engine_loop import EngineLoop, RequestStream
 from .metrics import ServerMetrics
 from .protocol import (
@@ -400,9 +402,6 @@ def run_server(
 ) -> None:
     """Load the model, start the engine loop, serve until interrupted (Ctrl-C), then stop the loop."""
     import uvicorn
-
-    from ..llm import LLM
-    from ..model.loader import bundled_model_path
 
     model = engine_options.get("model")
     name = served_model_name or Path(model or bundled_model_path()).stem

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..engine.sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class APIError(Exception):

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..kernels.cpu_linear import fastest_linear, use_fastest_linears
 from ..model.config import ModelConfig
-from ..model.cpu_linear import fastest_linear, use_fastest_linears
 from ..model.llama import Attend, DecoderLayer, LlamaModel
 from .tree import masked_attention
 
@@ -52,7 +52,7 @@ class EagleHead(nn.Module):
         self.vocab_ids: torch.Tensor | None = None  # the token ids the draft's logits index
         self.vocab_rows: torch.Tensor | None = None  # lm_head rows of vocab_ids
         # Inference on a CPU (``load_head``): the draft's vocabulary projection through the matrix product
-        # measured fastest for its shape (``model.cpu_linear``). Made by ``use_vocab``, never saved.
+        # measured fastest for its shape (``kernels/cpu_linear.py``). Made by ``use_vocab``, never saved.
         self.cpu_paths = False
         self.vocab_linear: nn.Module | None = None
         self.rope_cos: torch.Tensor | None = None
@@ -210,7 +210,7 @@ def save_head(head: EagleHead, path: str | Path, metadata: dict[str, str]) -> st
 
 def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     """Load a saved head onto ``target`` (in the target's device and dtype) and attach it, for inference: on a
-    CPU its linears run the paths measured fastest there (``model.cpu_linear``). To train, make a fresh ``EagleHead``.
+    CPU its linears run the paths measured fastest there (``kernels/cpu_linear.py``). To train, make a fresh ``EagleHead``.
 
     Raises FileNotFoundError if there is no file, ValueError if the head does not fit the model.
     """
@@ -218,9 +218,7 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(
-            f"no EAGLE head at {path}: train one with `python -m solutions.speculative.train_eagle`"
-        )
+        raise FileNotFoundError(f"no EAGLE head at {path}: train one with `python -m solutions train-eagle`")
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {name: f.get_tensor(name) for name in f.keys()}

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampler import sampling_probs
-from ..engine.sampling_params import SamplingParams
+from ..kernels.sampling import sampling_probs
+from ..sampling_params import SamplingParams
 
 
 def target_probs(

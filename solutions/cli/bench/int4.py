@@ -19,22 +19,18 @@ figures mean nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernel module may be imported on CPU
-
-from ..kernels.awq_gemm import awq_gemm  # noqa: E402
-from ..quant.pack import pack_int4  # noqa: E402
-from ..quant.rtn import GroupQuantized, quantize  # noqa: E402
-from .gpu import measure_copy_bandwidth  # noqa: E402
-from .gpu_report import machine_name  # noqa: E402
-from .model_shapes import SHAPES, ModelShape  # noqa: E402
+from ...bench.gpu import measure_copy_bandwidth
+from ...bench.machine import machine_name
+from ...bench.model_shapes import SHAPES, ModelShape
+from ...kernels.awq_gemm import awq_gemm
+from ...quant.pack import pack_int4
+from ...quant.rtn import GroupQuantized, quantize
 
 GOAL_SHARE = 0.6  # of copy bandwidth, at one row
 LAYER_PRODUCTS = ("qkv", "o", "gate_up", "down")

@@ -17,8 +17,16 @@ from pathlib import Path
 
 import torch
 
-from .decode import LLAMA_CPP_MISSING, PROMPT, _cpu_name, decode_speeds, llama_cpp_runner
-from .step_split import linear_seconds, measure_step_split, split_lines
+from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner
+from ...bench.machine import machine_name
+from ...bench.step_split import linear_seconds, measure_step_split, split_lines
+from ...kernels.awq_gemm import awq_gemm
+from ...llm import LLM
+from ...quant.model import weight_bytes
+from ...quant.pack import pack_int4
+from ...quant.perplexity import perplexity
+from ...quant.rtn import quantize
+from ...sampling_params import SamplingParams
 
 TEXT_DIR = Path(__file__).resolve().parents[2] / "data" / "text"
 # Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
@@ -33,10 +41,6 @@ SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
 def _gpu_table(w_bit: int, group_size: int) -> None:
     """Triton W4A16 GEMV vs a float16 GEMV at batch 1, per weight shape of the model (CUDA only)."""
     import triton
-
-    from ..kernels.awq_gemm import awq_gemm
-    from ..quant.pack import pack_int4
-    from ..quant.rtn import quantize
 
     print(f"\nGPU ({torch.cuda.get_device_name()}), batch-1 GEMV, median of triton.testing.do_bench:")
     print(f"{'shape N x K':<16}{'fp16 us':>10}{'W4A16 us':>10}{'speed-up':>10}{'W4A16 GB/s':>12}")
@@ -73,11 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args(argv)
 
-    from ..engine.sampling_params import SamplingParams
-    from ..llm import LLM
-    from ..quant.model import weight_bytes
-    from ..quant.perplexity import perplexity
-
     torch.set_num_threads(args.threads)
     quant = dict(w_bit=args.w_bit, group_size=args.group_size)
     activations = {"fp32": "float32", "RTN": args.activations, "AWQ": args.activations}
@@ -113,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     awq_linears_s = linear_seconds(awq_model, rows=1)
     awq_split = measure_step_split(llms["AWQ"], PROMPT, min(args.tokens, 64), args.repeats)
 
-    print(
-        f"machine: {_cpu_name()}, {args.threads} threads, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}"
-    )
+    print(f"machine: {machine_name('cpu')}, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}")
     print(f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)")
     print(
         "'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared with)"

@@ -15,32 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 
-from .decode import llama_cpp_generator
+from ...bench.decode import llama_cpp_generator
+from ...bench.machine import machine_name
+from ...llm import LLM
+from ...sampling_params import SamplingParams
+from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
+from ...speculative.drafter import EagleDrafter
+from ...speculative.eagle import DATA_DIR, HEAD_PATH, load_head
 
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 
 
-def _machine() -> str:
-    with open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    cpu = (
-        torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else (names[0] if names else platform.machine())
-    )
-    return f"{cpu}, {torch.get_num_threads()} threads"
-
-
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.sampling_params import SamplingParams
-    from ..llm import LLM
-    from ..speculative.eagle import DATA_DIR
-
     parser = argparse.ArgumentParser(
         prog="python -m solutions bench spec", description=__doc__.split("\n")[0]
     )
@@ -106,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     passes = dict.fromkeys(methods, 0)
     verified = dict.fromkeys(methods, 0)
     differ: dict[str, int] = {}  # method -> prompts whose output is not its plain engine's
-    print(f"{_machine()}: {len(rows)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
+    print(f"{machine_name()}: {len(rows)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
     for row in rows:
         outputs = {}
         prompt = engines["plain"].tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}])
@@ -174,17 +164,14 @@ def offline(indices: list[int], head_path: str | None = None) -> int:
     """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
     held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
     float32, no target pass per step."""
-    from ..llm import LLM
-    from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
-    from ..speculative.drafter import EagleDrafter
-    from ..speculative.eagle import DATA_DIR, HEAD_PATH, load_head
-
     lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
     answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
     head = load_head(model, head_path or HEAD_PATH)
     positions = sum(len(ids) - 1 - start for ids, start, _ in answers)
-    print(f"{_machine()}: teacher-forced on {len(answers)} held-back greedy answers, {positions} positions")
+    print(
+        f"{machine_name()}: teacher-forced on {len(answers)} held-back greedy answers, {positions} positions"
+    )
     print(f"{'drafter':32s} | {'tau':>5s} | P(accepted >= 1, 2, 3, 4) | draft ms/step")
     for name, (depth, top_k, nodes) in OFFLINE_DRAFTERS.items():
         drafter = EagleDrafter(head, depth, tree_depth=depth if nodes else 0, tree_top_k=top_k)

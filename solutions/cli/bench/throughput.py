@@ -1,0 +1,75 @@
+"""``python -m solutions bench throughput``: offline throughput of continuous batching, side by side in one run.
+
+One workload (N requests, prompt lengths 16-512 and output lengths 16-256, drawn with a seed; prompts are
+windows of real text; EOS ignored so every request produces exactly its length) runs through:
+
+- our engine (continuous batching, chunked prefill, paged KV cache);
+- the same engine with ``max_num_seqs=1`` (one request at a time);
+- Hugging Face ``generate`` with padded static batches (left-padded; each batch runs until its longest
+  request is done, so only the requested tokens count as useful output);
+- our engine again, sampling (temperature 0.8, top-p 0.95) instead of greedy: what drawing tokens costs.
+
+Beside them, the machine's compute ceiling measured in the same run: the model's own matrix products at a
+large batch, in FLOP/s, turned into the tokens/s a forward pass could reach if it did nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ...bench.hf_peer import load_hf_model
+from ...bench.throughput import compute_ceiling_tokens_per_s, make_workload, run_engine, run_hf_static
+from ...llm import LLM
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m solutions bench throughput", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--max-num-seqs", type=int, default=24)
+    parser.add_argument("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
+    args = parser.parse_args(argv)
+
+    llm = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
+    print(f"workload: {args.num_requests} requests, {workload.num_prompt_tokens} prompt tokens, "
+          f"{workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
+    results = [run_engine(llm, workload)]
+    one = LLM(device="cpu", dtype="float32", max_num_seqs=1, max_model_len=1024)
+    results.append(run_engine(one, workload, "same engine, max_num_seqs=1"))
+    if not args.no_hf:
+        hf = load_hf_model()
+        results.append(run_hf_static(hf, workload, args.hf_batch, pad_id=llm.tokenizer.eos_token_id or 0))
+    # The price of sampling: the same batch drawing every token from its top-p set instead of taking the argmax.
+    # A fresh engine: the first one's prefix cache holds every prompt by now.
+    fresh = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    results.append(
+        run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95)
+    )
+    flops, ceiling = compute_ceiling_tokens_per_s(llm.engine.model)
+    ours = results[0]
+    print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights")
+    print(
+        f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} tokens/s"
+    )
+    print(f"{'':<40}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}")
+    for r in results:
+        ratio = ours.output_tokens_per_s / r.output_tokens_per_s
+        print(
+            f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x"
+        )
+    print("goals:")
+    print(f"  >= 8x one-at-a-time:       {ours.output_tokens_per_s / results[1].output_tokens_per_s:.1f}x")
+    if not args.no_hf:
+        print(
+            f"  >= 4x HF static batching:  {ours.output_tokens_per_s / results[2].output_tokens_per_s:.1f}x"
+        )
+    print(
+        f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} (total tokens/s over the ceiling)"
+    )
+    return 0
