@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from ..model.loader import bundled_model_path
 from ..sampling_params import SamplingParams
@@ -38,7 +39,7 @@ def seconds_per_decode_token(run, new_tokens: int, repeats: int) -> list[float]:
     return figures
 
 
-def llama_cpp_generator(threads: int):
+def llama_cpp_generator(threads: int) -> Callable[[list[int], int], list[int]] | None:
     """llama.cpp on the bundled Q4_1 GGUF (an optional peer), or None if ``llama_cpp`` is not importable:
     ``generate(prompt_ids, n)`` returns its first ``n`` greedy tokens after ``prompt_ids`` (EOS ignored)."""
     try:
@@ -60,7 +61,7 @@ def llama_cpp_generator(threads: int):
     return generate
 
 
-def llama_cpp_runner(threads: int):
+def llama_cpp_runner(threads: int) -> Callable[[int], list[int]] | None:
     """A decode runner (``run(n)``: n tokens after ``PROMPT``) for llama.cpp, or None if not importable."""
     generate = llama_cpp_generator(threads)
     if generate is None:

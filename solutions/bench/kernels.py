@@ -140,7 +140,9 @@ def count_kernels(run: Callable[[], torch.Tensor]) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def layer_rows(shapes: dict, batches: list[int], context: int, dtype: torch.dtype, device: torch.device):
+def layer_rows(
+    shapes: dict, batches: list[int], context: int, dtype: torch.dtype, device: torch.device
+) -> list[str]:
     """One decoder layer of a decode step with PLAIN_OPS and with the Triton set: time, kernels launched."""
     rows = ["shape  batch  ops      layer us  kernels  goal"]
     for name, shape in shapes.items():

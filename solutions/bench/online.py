@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..engine.engine import Engine
 from ..engine.outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .throughput import Workload
@@ -129,7 +131,7 @@ class StepRecord:
 
 
 @contextmanager
-def record_steps(engine):
+def record_steps(engine: Engine) -> Iterator[list[StepRecord]]:
     """Collect a ``StepRecord`` for every ``engine.step()`` run inside the ``with`` block."""
     records: list[StepRecord] = []
     scheduler = engine.scheduler

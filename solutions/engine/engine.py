@@ -106,8 +106,8 @@ class Engine:
         """Size the paged cache from the budget; fail now if one ``max_model_len`` sequence cannot fit.
 
         The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache: torch's fused
-        CPU attention runs 3-5x slower in bfloat16 than in float32 (one decode query over 64-1024 keys, measured
-        on an AMD EPYC), and the K/V are a small share of a decode step's bytes at this model's size. Its heads are
+        CPU attention runs several times slower in bfloat16 than in float32 for one decode query over 64-1024
+        keys (timed when this was chosen; the README's "Measured speed" gives it), and the K/V are a small share of a decode step's bytes at this model's size. Its heads are
         the model's own: under tensor parallelism, this rank's KV heads (every rank holds the same blocks)."""
         c, cfg = self.model.config, self.config
         dtype = self.model.norm.weight.dtype

@@ -1,9 +1,9 @@
 """The CPU matrix product each linear layer runs, chosen by measurement on this machine.
 
 A decode step is a chain of matrix-vector products, and which of torch's CPU routes streams the
-weights fastest depends on the CPU: on an Intel Xeon eager ``F.linear`` (MKL) reads about 25 GB/s,
-on an AMD EPYC the same call reads about 10 GB/s while oneDNN's prepacked product reads about 20.
-So nothing is assumed: for each weight shape of the model and each regime of rows per call
+weights fastest depends on the CPU: eager ``F.linear`` (MKL) is the fastest route on one x86 machine
+and reads less than half of what oneDNN's prepacked product reads on another (``bench decode`` prints every
+route's GB/s per shape; the README gives two machines). So nothing is assumed: for each weight shape of the model and each regime of rows per call
 (``decode``: 1 row; ``batch``: a few sequences decoding together; ``prefill``: a prompt's tokens),
 every candidate path is timed on the model's own weights and the fastest one is kept.
 
@@ -14,8 +14,8 @@ Candidate paths (each stores the weight in the layout it needs):
 - ``onednn``: oneDNN's linear over a weight reordered once into its blocked layout
   (``mkldnn._reorder_linear_weight``; the route ``torch.compile``'s CPU backend takes).
 
-Not candidates, measured and left out: ``torch.compile`` of a linear (about 9 GB/s on the AMD machine,
-and seconds of compilation per shape at every load) and MKL's packed GEMM (``mkl._mkl_linear``: a
+Not candidates, measured and left out: ``torch.compile`` of a linear (slower than oneDNN's product where it
+was timed, and seconds of compilation per shape at every load) and MKL's packed GEMM (``mkl._mkl_linear``: a
 fixed batch size and two copies of the weight, slower than oneDNN where measured).
 
 The decision is cached per machine in ``cache_dir()/cpu_linear.json``, keyed by the CPU (model name
