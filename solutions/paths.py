@@ -13,6 +13,10 @@ import os
 from pathlib import Path
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fastmode"
+REPO_DIR = Path(__file__).resolve().parent.parent
+"""The checkout this package runs from: ``data/`` (shipped artefacts, each with its provenance) and ``results/``
+(benchmark runs) stand beside ``solutions/``."""
+DATA_DIR = REPO_DIR / "data"
 
 
 def cache_dir() -> Path:

@@ -107,7 +107,7 @@ def test_sampling_with_drafts_gives_valid_tokens(load, spec_llm, chats):
 
 def test_shipped_head_loads_and_matches_its_checksum(load, llm):
     eagle = load("speculative.eagle")
-    manifest = json.loads((eagle.DATA_DIR / "eagle_head.json").read_text())
+    manifest = json.loads((eagle.SPEC_DIR / "eagle_head.json").read_text())
     assert eagle.sha256_of(eagle.HEAD_PATH) == manifest["sha256"]
     head = eagle.load_head(llm.engine.model)
     assert len(head.vocab_ids) == int(manifest["draft_vocab_size"])

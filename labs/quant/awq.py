@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..paths import DATA_DIR
 from .rtn import check_quant_args, fake_quantize
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 CLIP_GRID, CLIP_MAX_SHRINK = 20, 0.5
 
 

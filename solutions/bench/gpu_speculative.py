@@ -8,7 +8,7 @@ import time
 from ..llm import LLM
 from ..model import loader
 from ..sampling_params import SamplingParams
-from ..speculative.eagle import DATA_DIR
+from ..speculative.eagle import SPEC_DIR
 from .decode_steps import device_sync
 from .gpu_report import Section, SectionSkipped
 from .gpu_setup import CPU_KV_CACHE_BYTES, Sizes
@@ -22,7 +22,7 @@ def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:
         raise SectionSkipped(
             f"the EAGLE and n-gram rows need the bundled model ({loader.INSTALL_HINT})"
         ) from missing
-    held_back = [json.loads(line)["prompt"] for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
+    held_back = [json.loads(line)["prompt"] for line in (SPEC_DIR / "heldout.jsonl").read_text().splitlines()]
     methods = {
         "plain": {},
         "n-gram k=3": dict(speculative="ngram", num_speculative_tokens=3),

@@ -18,7 +18,6 @@ from ..model.llama import LlamaModel
 from ..model.loader import load_weights
 from ..moe.moefy import (
     EVALUATION_TEXT,
-    ROOT,
     WINDOW,
     artefact_path,
     ffn_flops_per_token,
@@ -27,7 +26,7 @@ from ..moe.moefy import (
     moefied_state_dict,
     write_folder,
 )
-from ..paths import cache_dir
+from ..paths import REPO_DIR, cache_dir
 from ..quant.perplexity import perplexity
 
 
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     curve_path = artefact_path(num_experts, args.split).with_suffix(".curve.json")
     curve_path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"curve written to {curve_path.relative_to(ROOT)}")
+    print(f"curve written to {curve_path.relative_to(REPO_DIR)}")
     if not args.no_write:
         folder = args.out or cache_dir() / f"{weights.source.stem}-moe{num_experts}"
         write_folder(folder, moe_config, moe_state, weights.tokenizer)

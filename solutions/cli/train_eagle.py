@@ -16,8 +16,9 @@ from tqdm import tqdm
 from ..bench.machine import machine_name
 from ..kernels.blocks import cdiv
 from ..llm import LLM
+from ..paths import REPO_DIR
 from ..sampling_params import SamplingParams
-from ..speculative.eagle import DATA_DIR, EagleHead, most_frequent_tokens, save_head
+from ..speculative.eagle import SPEC_DIR, EagleHead, most_frequent_tokens, save_head
 from ..speculative.train_eagle import features_and_labels, head_loss
 
 
@@ -74,7 +75,7 @@ def _read_features_cache(path: Path | None, rows: list[dict]) -> list | None:
 
 def _relative(path: Path) -> str:
     """A path as the command line would give it from the repository's root (no machine-specific prefix)."""
-    root = DATA_DIR.parents[1]
+    root = REPO_DIR
     return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
 
 
@@ -86,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         "--prompts",
         type=Path,
         nargs="+",
-        default=[DATA_DIR / "prompts.jsonl", DATA_DIR / "prompts_templated.jsonl"],
+        default=[SPEC_DIR / "prompts.jsonl", SPEC_DIR / "prompts_templated.jsonl"],
     )
     parser.add_argument(
         "--samples", type=int, default=1, help="sampled answers per prompt, besides the greedy one"
     )
     parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled answers (top-p 0.95)")
-    parser.add_argument("--heldout", type=Path, default=DATA_DIR / "heldout.jsonl")
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "eagle_head.safetensors")
+    parser.add_argument("--heldout", type=Path, default=SPEC_DIR / "heldout.jsonl")
+    parser.add_argument("--out", type=Path, default=SPEC_DIR / "eagle_head.safetensors")
     parser.add_argument("--max-tokens", type=int, default=192, help="answer length per prompt")
     parser.add_argument(
         "--vocab-size", type=int, default=4096, help="draft vocabulary (most frequent tokens)"

@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..paths import REPO_DIR
 from .frontier import FrontierPoint
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+RESULTS_DIR = REPO_DIR / "results"
 BASELINE_DIR = RESULTS_DIR / "h200-2026-12-04-baseline"
 
 

@@ -22,7 +22,7 @@ from ..bench.step_split import linear_seconds, step_linears
 from ..sampling_params import SamplingParams
 from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
 from ..speculative.drafter import EagleDrafter
-from ..speculative.eagle import DATA_DIR, load_head
+from ..speculative.eagle import SPEC_DIR, load_head
 from .planner import WeightFormat
 
 
@@ -110,7 +110,7 @@ def measure_drafting(
         raise ValueError(
             f"need depth >= 1, tree_nodes >= 0 and answers >= 1, got {depth}, {tree_nodes}, {answers}"
         )
-    lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()[:answers]
+    lines = (SPEC_DIR / "heldout_responses.jsonl").read_text().splitlines()[:answers]
     scored = greedy_answers(model, [json.loads(line) for line in lines])
     drafter = EagleDrafter(
         load_head(model), depth, tree_depth=depth if tree_nodes else 0, tree_top_k=tree_top_k

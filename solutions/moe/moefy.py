@@ -33,17 +33,17 @@ from ..kernels.attention import gqa_attention
 from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
 from ..model.loader import bundled_model_path
+from ..paths import DATA_DIR
 from .split import balanced_kmeans, expert_importance, neurons_by_expert, top_k_recall, train_router
 
-ROOT = Path(__file__).resolve().parents[2]
-CALIBRATION_TEXT = ROOT / "data" / "text" / "kjv_genesis_1-15.txt"
-EVALUATION_TEXT = ROOT / "data" / "text" / "kjv_luke_1-12.txt"
+CALIBRATION_TEXT = DATA_DIR / "text" / "kjv_genesis_1-15.txt"
+EVALUATION_TEXT = DATA_DIR / "text" / "kjv_luke_1-12.txt"
 WINDOW = 512
 
 
 def artefact_path(num_experts: int, split: str = "coactivation") -> Path:
     suffix = "" if split == "coactivation" else f".{split}"
-    return ROOT / "data" / "moe" / f"{bundled_model_path().stem}.moe{num_experts}{suffix}.safetensors"
+    return DATA_DIR / "moe" / f"{bundled_model_path().stem}.moe{num_experts}{suffix}.safetensors"
 
 
 @torch.inference_mode()

@@ -28,10 +28,11 @@ from torch import nn
 from ..kernels.cpu_linear import fastest_linear, use_fastest_linears
 from ..model.config import ModelConfig
 from ..model.llama import Attend, DecoderLayer, LlamaModel
+from ..paths import DATA_DIR
 from .tree import masked_attention
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "spec"
-HEAD_PATH = DATA_DIR / "eagle_head.safetensors"
+SPEC_DIR = DATA_DIR / "spec"
+HEAD_PATH = SPEC_DIR / "eagle_head.safetensors"
 
 
 class EagleHead(nn.Module):

@@ -12,7 +12,6 @@ work) and set against its goals. ``--fused-ops`` compares the CPU layer ops (pla
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from ...bench.step_split import attention_flops, gemm_flops, linear_flops, linea
 from ...kernels.cpu_linear import PATHS, summary
 from ...llm import LLM
 from ...model.cpu_layer_ops import cpu_layer_ops
+from ...paths import DATA_DIR
 from ...sampling_params import SamplingParams
 
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     roofline = bandwidth / weight_bytes
     step_linears_s = linear_seconds(model, rows=1)
     split = step_split.measure_step_split(llm, PROMPT, min(args.tokens, 64), args.repeats)
-    text = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_luke_1-12.txt"
+    text = DATA_DIR / "text" / "kjv_luke_1-12.txt"
     prompt_ids = llm.tokenizer.encode(text.read_text())[: args.prefill_tokens]
     prefill_s = prefill_seconds(llm, prompt_ids, max(1, args.repeats - 1))
     gemm = gemm_flops(model, rows=len(prompt_ids))

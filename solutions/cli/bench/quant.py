@@ -13,7 +13,6 @@ of the model's weight shapes.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -22,13 +21,14 @@ from ...bench.machine import machine_name
 from ...bench.step_split import linear_seconds, measure_step_split, split_lines
 from ...kernels.awq_gemm import awq_gemm
 from ...llm import LLM
+from ...paths import DATA_DIR
 from ...quant.model import weight_bytes
 from ...quant.pack import pack_int4
 from ...quant.perplexity import perplexity
 from ...quant.rtn import quantize
 from ...sampling_params import SamplingParams
 
-TEXT_DIR = Path(__file__).resolve().parents[2] / "data" / "text"
+TEXT_DIR = DATA_DIR / "text"
 # Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
 EVAL_TEXTS = {
     "Luke (KJV)": TEXT_DIR / "kjv_luke_1-12.txt",

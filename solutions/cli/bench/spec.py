@@ -25,7 +25,7 @@ from ...llm import LLM
 from ...sampling_params import SamplingParams
 from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
 from ...speculative.drafter import EagleDrafter
-from ...speculative.eagle import DATA_DIR, HEAD_PATH, load_head
+from ...speculative.eagle import HEAD_PATH, SPEC_DIR, load_head
 
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    rows = [json.loads(line) for line in (DATA_DIR / "heldout.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (SPEC_DIR / "heldout.jsonl").read_text().splitlines()]
     mixed = sorted(range(len(rows)), key=lambda i: (i % 4, i))[: args.prompts]  # mix the kinds
     if args.offline:
         return offline(mixed, args.eagle_head)
@@ -164,7 +164,7 @@ def offline(indices: list[int], head_path: str | None = None) -> int:
     """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
     held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
     float32, no target pass per step."""
-    lines = (DATA_DIR / "heldout_responses.jsonl").read_text().splitlines()
+    lines = (SPEC_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
     answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
     head = load_head(model, head_path or HEAD_PATH)
