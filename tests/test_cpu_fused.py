@@ -12,12 +12,13 @@ import logging
 
 import pytest
 import torch
+from tiny_models import random_llama
 
 from solutions.kernels import cpu_aot
 from solutions.kernels.cpu_linear import REGIMES
 from solutions.model import cpu_layer_ops
 from solutions.model.config import ModelConfig
-from solutions.model.llama import PLAIN_OPS, LlamaModel, fused_weight_sources
+from solutions.model.llama import PLAIN_OPS, LlamaModel
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
 # Relative error to the float64 reference: the fused chain may be at most this much worse than the plain one.
@@ -114,23 +115,8 @@ TINY = ModelConfig(
 
 
 def tiny_llama(dtype: torch.dtype) -> LlamaModel:
-    """A random 2-layer Llama (GQA ratio 3) with Hugging Face tensor names."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.device("meta"):
-        shapes = dict(LlamaModel(TINY).named_parameters())
-    state = {}
-    rows = {"q_proj": TINY.num_heads * TINY.head_dim, "k_proj": TINY.num_kv_heads * TINY.head_dim}
-    rows["v_proj"] = rows["k_proj"]
-    for name, sources in fused_weight_sources(TINY).items():
-        shape = shapes[name].shape
-        for source in sources:
-            if name.endswith("norm.weight"):
-                state[source] = 1 + 0.1 * torch.randn(shape, generator=generator)
-            else:  # fused Q/K/V and gate/up are stacked by rows: each source has its own share
-                part = source.split(".")[-2]
-                source_rows = rows.get(part, shape[0] // len(sources))
-                state[source] = torch.randn(source_rows, *shape[1:], generator=generator) * shape[-1] ** -0.5
-    return LlamaModel.from_state_dict(TINY, state, "cpu", dtype)
+    """``TINY`` with random weights (GQA ratio 3)."""
+    return random_llama(TINY, dtype, "cpu")
 
 
 def greedy_decode(model: LlamaModel, ops, prompt: list[int], new_tokens: int):

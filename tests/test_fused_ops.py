@@ -15,10 +15,11 @@ import importlib
 import pytest
 import torch
 from kernel_device import KERNEL_DEVICE
+from tiny_models import random_llama
 
 from solutions.model.config import ModelConfig
 from solutions.model.layer_ops import select_layer_ops, triton_layer_ops
-from solutions.model.llama import PLAIN_OPS, LlamaModel, add_rms_norm, apply_rope, fused_weight_sources
+from solutions.model.llama import PLAIN_OPS, LlamaModel, add_rms_norm, apply_rope
 
 # Relative error bounds against float64: float32 differs only by the order of its sums and the last bit of
 # rsqrt / exp; half types round where torch rounds (at most one unit in the last place of 8 or 11 mantissa
@@ -249,23 +250,8 @@ TINY = ModelConfig(
 
 
 def tiny_llama(dtype: torch.dtype) -> LlamaModel:
-    """A random 2-layer Llama (GQA ratio 3, hidden 192, intermediate 200) with Hugging Face tensor names."""
-    gen = torch.Generator().manual_seed(0)
-    c = TINY
-    rows = {"q_proj": c.num_heads * c.head_dim, "k_proj": c.num_kv_heads * c.head_dim}
-    rows |= {"v_proj": rows["k_proj"], "gate_proj": c.intermediate_size, "up_proj": c.intermediate_size}
-    with torch.device("meta"):
-        shapes = {name: p.shape for name, p in LlamaModel(c).named_parameters()}
-    state = {}
-    for name, sources in fused_weight_sources(c).items():
-        shape = shapes[name]
-        for source in sources:
-            if name.endswith("norm.weight"):
-                state[source] = 1 + 0.1 * torch.randn(shape, generator=gen)
-            else:
-                source_shape = (rows.get(source.split(".")[-2], shape[0]), shape[1])
-                state[source] = torch.randn(source_shape, generator=gen) * shape[1] ** -0.5
-    return LlamaModel.from_state_dict(c, state, KERNEL_DEVICE, dtype)
+    """``TINY`` with random weights (GQA ratio 3)."""
+    return random_llama(TINY, dtype, KERNEL_DEVICE)
 
 
 def greedy_run(
