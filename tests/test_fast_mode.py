@@ -182,9 +182,9 @@ class Scenario:
 
 
 def epyc_profile(planner, with_awq: bool, drafters: tuple[str, ...]):
-    """The quiet 2-core AMD EPYC (Zen 4) of the README: `bench decode` (538 MB of float32 weights a token,
-    their linears 30.8 ms, 1000-token prefill 2.15 s), `bench quant`/README (AWQ's INT4 linears 6.4 ms at
-    11.8 GB/s), `bench spec` (the batch-1 step of each format, tau), `bench spec --offline` (drafting ms a
+    """The quiet 2-core AMD EPYC (Zen 4) of the README's wave-2 runs (one consistent set; the README keeps
+    them beside the newer ones): `bench decode` (538 MB of float32 weights a token, their linears 30.8 ms,
+    1000-token prefill 2.15 s), `bench quant` (AWQ's INT4 linears 6.4 ms at 11.8 GB/s), `bench spec` (the batch-1 step of each format, tau), `bench spec --offline` (drafting ms a
     step) and notebook 04's section 1 (a pass over 16 tokens against one: 1.15x float32, 2.46x INT4)."""
     fp32_step, awq_step = 1 / 17.7, 1 / 45.4
     fp32 = planner.WeightFormat(
@@ -239,7 +239,7 @@ BASELINE_SOURCE = (
 
 def scenarios(planner) -> dict[str, Scenario]:
     probe = gpu_results.load_baseline().data
-    readme = "README (quiet AMD EPYC): bench spec, 6 held-back prompts x 96 tokens, batch 1"
+    readme = "README (quiet AMD EPYC, wave 2): bench spec, 6 held-back prompts x 96 tokens, batch 1"
     return {
         "cpu-int4-beats-eagle-on-int4": Scenario(
             epyc_profile(planner, with_awq=True, drafters=("tree",)),
