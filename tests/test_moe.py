@@ -233,6 +233,17 @@ def _moe_inputs(tokens, hidden, width, num_experts, seed, dtype=torch.float32):
     return x, w13, w2, g
 
 
+def _top2_triton_error(moe_gemm, tokens: int, num_experts: int, seed: int) -> float:
+    """Relative error of ``fused_moe_triton`` against the reference on a random top-2 routing (hidden 48,
+    width 40)."""
+    x, w13, w2, g = _moe_inputs(tokens, 48, 40, num_experts, seed=seed)
+    experts = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :2]
+    weights = torch.rand(tokens, 2, generator=g)
+    expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
+    ours = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
+    return ((ours.double() - expected).abs().max() / expected.abs().max()).item()
+
+
 def _routings(tokens, num_experts, top_k, g):
     random_pick = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
     no_expert_0 = torch.rand(tokens, num_experts - 1, generator=g).argsort(dim=1)[:, :top_k] + 1
@@ -328,12 +339,7 @@ def test_grouped_gemm_autotuned_path_runs_under_a_cpu_timer(load, monkeypatch):
     monkeypatch.setattr(moe_gemm, "autotunes_on", lambda device: True)
     monkeypatch.setattr(moe_gemm, "_CUDA_CANDIDATES", candidates)
     monkeypatch.setattr(moe_gemm, "_grouped_gemm_autotuned", tuned)
-    x, w13, w2, g = _moe_inputs(37, 48, 40, 6, seed=5)
-    experts = torch.rand(37, 6, generator=g).argsort(dim=1)[:, :2]
-    weights = torch.rand(37, 2, generator=g)
-    expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
-    ours = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
-    err = ((ours.double() - expected).abs().max() / expected.abs().max()).item()
+    err = _top2_triton_error(moe_gemm, tokens=37, num_experts=6, seed=5)
     assert err < 1e-5, f"through the autotuned path: relative error {err:.2e}"
     assert tuned.best_config.kwargs["BLOCK_N"] in (32, 64), "the down launch ran another launch's candidate"
 
@@ -345,12 +351,7 @@ def test_grouped_gemm_untimed_cuda_path_runs_the_first_candidate(load, monkeypat
     moe_gemm = load("kernels.moe_gemm")
     monkeypatch.setattr(moe_gemm, "autotunes_on", lambda device: True)
     monkeypatch.setenv("FASTMODE_AUTOTUNE", "0")
-    x, w13, w2, g = _moe_inputs(21, 48, 40, 4, seed=13)
-    experts = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
-    weights = torch.rand(21, 2, generator=g)
-    expected = moe_gemm.reference_moe(x, w13, w2, weights, experts)
-    ours = moe_gemm.fused_moe_triton(x, w13, w2, weights, experts)
-    err = ((ours.double() - expected).abs().max() / expected.abs().max()).item()
+    err = _top2_triton_error(moe_gemm, tokens=21, num_experts=4, seed=13)
     assert err < 1e-5, f"FASTMODE_AUTOTUNE=0 path: relative error {err:.2e}"
 
 

@@ -79,9 +79,8 @@ class KVCacheManager:
         self._keys: dict[str, list[BlockHash]] = {}  # chained keys of each request's first full blocks
         self._copies: list[tuple[int, int]] = []
         self._changed: set[str] = set()  # requests whose table changed since take_changed_tables
-        self.num_queried_tokens = (
-            0  # prefix-cache statistics, over every admission (allocate_slots with a prefix)
-        )
+        # prefix-cache statistics, over every admission (allocate_slots with a prefix)
+        self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
     # ------------------------------------------------------------------ how much room there is

@@ -63,13 +63,11 @@ def rope_inverse_frequencies(
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
     )
-    if (
-        scaling is None or scaling.rope_type == "dynamic"
-    ):  # dynamic NTK is the default up to max_position_embeddings
+    # dynamic NTK is the default up to max_position_embeddings
+    if scaling is None or scaling.rope_type == "dynamic":
         return inv_freq
-    if (
-        scaling.freq_factors is not None
-    ):  # a GGUF's rope_freqs: llama.cpp divides each frequency by its factor
+    # a GGUF's rope_freqs: llama.cpp divides each frequency by its factor
+    if scaling.freq_factors is not None:
         factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
         if factors.shape != inv_freq.shape:
             raise ValueError(

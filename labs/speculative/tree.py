@@ -169,9 +169,8 @@ def walk_tree(
                 break
             p[token] = 0.0
         else:
-            if (
-                p.sum() <= 0
-            ):  # every token the target allows was drafted and rejected: impossible in exact arithmetic
+            # every token the target allows was drafted and rejected: impossible in exact arithmetic
+            if p.sum() <= 0:
                 p = target_probs[node].float().cpu()
             top = int(p.argmax())
             token = top if p[top] >= p.sum() else int(torch.multinomial(p, 1, generator=generator))

@@ -88,9 +88,8 @@ class Engine:
             config.max_num_batched_tokens,
             config.attention_backend,
         )
-        if (
-            self.workers is not None
-        ):  # every worker allocates the same KV blocks; each step reaches them first
+        # every worker allocates the same KV blocks; each step reaches them first
+        if self.workers is not None:
             self.workers.start(cache, self.runner)
         if self.device.type == "cuda" and not config.enforce_eager:
             self.runner.capture_decode_graphs(config.max_num_seqs)
@@ -107,8 +106,8 @@ class Engine:
 
         The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache: torch's fused
         CPU attention runs several times slower in bfloat16 than in float32 for one decode query over 64-1024
-        keys (timed when this was chosen; the README's "Measured speed" gives it), and the K/V are a small share of a decode step's bytes at this model's size. Its heads are
-        the model's own: under tensor parallelism, this rank's KV heads (every rank holds the same blocks)."""
+        keys, and the K/V are a small share of a decode step's bytes at this model's size. Its heads are the
+        model's own: under tensor parallelism, this rank's KV heads (every rank holds the same blocks)."""
         c, cfg = self.model.config, self.config
         dtype = self.model.norm.weight.dtype
         if dtype == torch.bfloat16 and not cfg.device.startswith("cuda"):

@@ -43,9 +43,8 @@ WSE3_SRAM = Memory(
     44e9,
     "Cerebras WSE-3 announcement, 13 March 2024: 44 GB on-chip SRAM, 21 PB/s (vendor figures)",
 )
-H200_HBM_CAPACITY_BYTES = (
-    141e9  # NVIDIA H200 datasheet: 141 GB of HBM3e (its bandwidth is measured, not quoted)
-)
+# NVIDIA H200 datasheet: 141 GB of HBM3e (its bandwidth is measured, not quoted)
+H200_HBM_CAPACITY_BYTES = 141e9
 
 
 @dataclass(frozen=True)

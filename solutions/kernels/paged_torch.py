@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from .blocks import cdiv
 
 DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups of similar context length
-MIN_BUCKET = (
-    4  # ... of at least this many sequences (each group costs a gather and an attention call a layer)
-)
+# ... of at least this many sequences (each group costs a gather and an attention call a layer)
+MIN_BUCKET = 4
 
 
 def check_store_kv_inputs(
@@ -252,9 +251,8 @@ class TorchPagedStep:
             )
             return keys, values
         buffers = self._buffers.get(group)
-        if (
-            buffers is None
-        ):  # the first layer's call: every layer's cache has the same shape, dtype and device
+        # the first layer's call: every layer's cache has the same shape, dtype and device
+        if buffers is None:
             shape = (table.numel(), k_cache[0].numel())
             buffers = self._buffers[group] = tuple(k_cache.new_empty(shape) for _ in range(2))
         return _gather(k_cache, v_cache, table, buffers)
