@@ -11,10 +11,10 @@ import os as _os
 import torch as _torch
 
 if not _torch.cuda.is_available():
-    # Without a GPU, Triton kernels run only through its interpreter. Triton reads TRITON_INTERPRET when a kernel
-    # is defined (@triton.jit, at its module's import), so the package decides here, before any kernel module
-    # loads; tools/make_labs.py copies this file into labs/__init__.py, so `import labs` decides it too. Every
-    # kernel module is then imported like any other module.
+    # Without a GPU, Triton kernels run only through its interpreter. Triton reads TRITON_INTERPRET when a
+    # kernel is defined (@triton.jit, at its module's import), so the package decides here, before any kernel
+    # module loads; tools/make_labs.py copies this file into labs/__init__.py, so `import labs` decides it
+    # too. Every kernel module is then imported like any other module.
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .config import EngineConfig

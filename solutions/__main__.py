@@ -1,6 +1,6 @@
-"""Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME | calibrate-awq | moefy |
-train-eagle``. The engine's own commands are here; a benchmark or a driver is one module of ``cli/``, imported
-by name when its command runs."""
+"""Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME | calibrate-awq |
+moefy | train-eagle``. The engine's own commands are here; a benchmark or a driver is one module of
+``cli/``, imported by name when its command runs."""
 
 from __future__ import annotations
 
@@ -27,11 +27,18 @@ BENCHES = {
     "paged_attention": "paged decode GB/s vs copy bandwidth, batch-1 vs SDPA, varlen prefill vs SDPA (a GPU)",
     "kernels": "the fused layer ops vs the plain torch chains, and kernels per decode layer (a GPU)",
     "serving": "the HTTP server under load (Poisson arrivals or fixed concurrency): TTFT, TPOT, ITL, goodput",
-    "throughput": "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling",
-    "kv": "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix",
+    "throughput": (
+        "offline throughput: continuous batching vs one-at-a-time vs HF static batches, vs the FLOP/s ceiling"
+    ),
+    "kv": (
+        "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix"
+    ),
     "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
     "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
-    "tp": "tensor parallelism: tokens/s at N ranks, bytes all-reduced vs weight bytes per token, H200 prediction",
+    "tp": (
+        "tensor parallelism: tokens/s at N ranks, "
+        "bytes all-reduced vs weight bytes per token, H200 prediction"
+    ),
 }
 DRIVERS = {
     "calibrate-awq": ("calibrate_awq", "AWQ scales and clips for a model, written to data/awq/ (Lesson 6)"),
@@ -89,7 +96,8 @@ def chat(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(
-        "Chat with the model: type a message and press Enter. /reset starts over; an empty line or Ctrl-D quits."
+        "Chat with the model: type a message and press Enter. /reset starts over; "
+        "an empty line or Ctrl-D quits."
     )
     while True:
         try:
@@ -138,14 +146,15 @@ EXAMPLES = """examples:
   python -m solutions serve --port 8000            # then: curl localhost:8000/v1/models
   python -m solutions bench serving --help
   python -m solutions calibrate-awq --w-bit 4 --group-size 64
-Every command takes the engine options (--device, --max-num-seqs, ...): see `python -m solutions serve --help`."""
+Every command takes the engine options (--device, --max-num-seqs, ...): \
+see `python -m solutions serve --help`."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m solutions",
-        description="The Fast Mode inference engine: generate, chat, serve the OpenAI API, run a benchmark, or "
-        "make a lesson's artefact (AWQ scales, a MoE-fied model, the EAGLE head).",
+        description="The Fast Mode inference engine: generate, chat, serve the OpenAI API, run a benchmark, "
+        "or make a lesson's artefact (AWQ scales, a MoE-fied model, the EAGLE head).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

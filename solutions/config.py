@@ -17,27 +17,28 @@ SPECULATIVE_METHODS = ("ngram", "eagle")
 
 @dataclass
 class EngineConfig:
-    """``device`` "auto" picks CUDA when present, else CPU; ``dtype`` "auto" is bfloat16 on CUDA, float32 on CPU
-    (bfloat16 for a quantized model on a CPU with native bfloat16, where it is measured faster).
+    """``device`` "auto" picks CUDA when present, else CPU; ``dtype`` "auto" is bfloat16 on CUDA, float32 on
+    CPU (bfloat16 for a quantized model on a CPU with native bfloat16, where it is measured faster).
 
     Scheduling (Lesson 3): each step runs at most ``max_num_seqs`` sequences and ``max_num_batched_tokens``
     tokens (default 512 on CPU, 8192 on CUDA), prompts chunked to fit; no sequence exceeds ``max_model_len``.
     KV cache (Lesson 2): ``kv_cache_memory`` bytes of paged blocks of ``kv_block_size`` tokens (default on CPU
     1 GiB; on CUDA ``gpu_memory_utilization`` of the memory left after the weights), with automatic prefix
     caching unless ``enable_prefix_caching`` is False.
-    ``attention_backend`` "auto" picks the attention implementation at each call (``$FASTMODE_ATTENTION``, else
-    Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``).
+    ``attention_backend`` "auto" picks the attention implementation at each call (``$FASTMODE_ATTENTION``,
+    else Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``).
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
-    ``group_size`` input channels (Lesson 6); AWQ reads scales cached by ``python -m solutions calibrate-awq``.
+    ``group_size`` input channels (Lesson 6);
+    AWQ reads scales cached by ``python -m solutions calibrate-awq``.
     ``skip_tokenizer_init`` loads no tokenizer (a folder without tokenizer files): prompts must be token ids,
     and outputs carry token ids with empty text.
     ``speculative`` "ngram" or "eagle" drafts ``num_speculative_tokens`` tokens per request and step for the
     model to verify (Lesson 4); with "eagle", ``speculative_tree_nodes > 0`` drafts EAGLE-2 trees of that
     many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth) instead of
     chains; ``eagle_head`` is the head's file (default: the one shipped in data/spec/).
-    ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL on
-    cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off under it,
-    and speculative decoding and MoE models are not supported with it.
+    ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL
+    on cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off
+    under it, and speculative decoding and MoE models are not supported with it.
     """
 
     model: str | None = None
@@ -112,9 +113,9 @@ class EngineConfig:
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # read when a kernel module is imported
         if self.attention_backend == "triton" and self.device == "cpu" and not interpreted:
             raise ValueError(
-                "attention_backend='triton' on a CPU runs the kernels through Triton's interpreter, which this "
-                "process did not choose: set TRITON_INTERPRET=1 before importing solutions (a machine without "
-                "a GPU sets it by itself)"
+                "attention_backend='triton' on a CPU runs the kernels through Triton's interpreter, "
+                "which this process did not choose: set TRITON_INTERPRET=1 before importing solutions "
+                "(a machine without a GPU sets it by itself)"
             )
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
@@ -149,7 +150,8 @@ class EngineConfig:
         size = self.tensor_parallel_size
         if self.speculative is not None:
             raise ValueError(
-                f"speculative decoding ({self.speculative!r}) is not supported with tensor_parallel_size={size}"
+                f"speculative decoding ({self.speculative!r}) is not supported with "
+                f"tensor_parallel_size={size}"
             )
         if self.device.startswith("cuda"):
             if self.device not in ("cuda", "cuda:0"):
@@ -163,14 +165,15 @@ class EngineConfig:
                 )
             if not self.enforce_eager:
                 logging.getLogger("fastmode").warning(
-                    "CUDA graphs are off under tensor parallelism (tensor_parallel_size=%d): every step runs eagerly",
+                    "CUDA graphs are off under tensor parallelism (tensor_parallel_size=%d): "
+                    "every step runs eagerly",
                     size,
                 )
                 self.enforce_eager = True
 
     def _int4_on_native_bf16_cpu(self) -> bool:
-        """Quantized on a CPU that computes bfloat16 natively: torch's int4 kernel takes bfloat16 activations only
-        (float32 ones fall to a path ~30x slower), so bfloat16 activations spare two casts per linear."""
+        """Quantized on a CPU that computes bfloat16 natively: torch's int4 kernel takes bfloat16 activations
+        only (float32 ones fall to a path ~30x slower), so bfloat16 activations spare two casts per linear."""
         return self.quantization is not None and self.device == "cpu" and native_bf16()
 
     @property

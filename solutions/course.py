@@ -30,6 +30,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -39,7 +40,8 @@ IMPLEMENTATIONS = ("solutions", "labs")
 
 
 class SolutionsTwins(importlib.abc.MetaPathFinder):
-    """Finds ``<package>.<module>`` in ``solutions_dir`` for each of ``modules`` (dotted, relative to the package).
+    """Finds ``<package>.<module>`` in ``solutions_dir`` for each of ``modules``
+    (dotted, relative to the package).
 
     Placed first on ``sys.meta_path``, it shadows those labs/ files: each loads its solutions/ twin under the
     labs name, so the twin's relative imports stay inside the labs package.
@@ -48,7 +50,9 @@ class SolutionsTwins(importlib.abc.MetaPathFinder):
     def __init__(self, package: str, solutions_dir: Path, modules: set[str]):
         self.package, self.solutions_dir, self.modules = package, solutions_dir, modules
 
-    def find_spec(self, fullname: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         package, _, module = fullname.partition(".")
         if package != self.package or module not in self.modules:
             return None
@@ -69,7 +73,8 @@ def take_other_labs_from_solutions(
     if lab not in labs:
         raise ValueError(f"{LAB_ALONE_ENV}={lab!r} names no lab: the labs are {', '.join(labs)}")
     others = {module for module, its_lab in lab_of_module.items() if its_lab != lab}
-    # One finder per package: importing the package again (after a test dropped it from sys.modules) replaces it.
+    # One finder per package:
+    # importing the package again (after a test dropped it from sys.modules) replaces it.
     sys.meta_path[:] = [
         f for f in sys.meta_path if not (isinstance(f, SolutionsTwins) and f.package == package)
     ]
@@ -78,7 +83,8 @@ def take_other_labs_from_solutions(
 
 @dataclass(frozen=True)
 class Implementation:
-    """The package a notebook runs (``name``) and, for ``labs``, the lab taken from labs/ (None: every lab)."""
+    """The package a notebook runs (``name``) and, for ``labs``,
+    the lab taken from labs/ (None: every lab)."""
 
     name: str
     lab: str | None

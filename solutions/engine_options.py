@@ -24,12 +24,15 @@ ENGINE_OPTION_HELP = {
     "num_threads": "CPU threads for torch (default: torch's choice)",
     "quantization": "rtn or awq: pack the weights to --w-bit integers (Lesson 6)",
     "enforce_eager": "run every step eagerly (no CUDA graphs)",
-    "tensor_parallel_size": "processes the model is split across by heads, one per GPU (Lesson 9; default: 1)",
+    "tensor_parallel_size": (
+        "processes the model is split across by heads, one per GPU (Lesson 9; default: 1)"
+    ),
 }
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``EngineConfig`` field (``max_num_seqs`` -> ``--max-num-seqs``), typed from its annotation."""
+    """One flag per ``EngineConfig`` field
+    (``max_num_seqs`` -> ``--max-num-seqs``), typed from its annotation."""
     group = parser.add_argument_group("engine options (EngineConfig fields)")
     hints = typing.get_type_hints(EngineConfig)
     for field in dataclasses.fields(EngineConfig):

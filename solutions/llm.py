@@ -17,7 +17,8 @@ Conversation = list[dict[str, str]]
 
 
 class LLM:
-    """``LLM()`` loads the bundled SmolLM2-135M-Instruct; ``model=`` takes a .gguf file or a HF checkpoint folder.
+    """``LLM()`` loads the bundled SmolLM2-135M-Instruct;
+    ``model=`` takes a .gguf file or a HF checkpoint folder.
 
     Every keyword is an ``EngineConfig`` field (device, dtype, max_num_seqs, max_model_len, ...).
     """
@@ -27,8 +28,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def shutdown(self) -> None:
-        """End the engine's worker processes (tensor parallelism; nothing to do on one device). They also end when
-        the ``LLM`` is garbage collected and when the interpreter exits; the ``LLM`` cannot generate after this."""
+        """End the engine's worker processes (tensor parallelism; nothing to do on one device).
+        They also end when the ``LLM`` is garbage collected and when the interpreter exits; the ``LLM``
+        cannot generate after this."""
         if self.engine.workers is not None:
             self.engine.workers.shutdown()
 
@@ -72,7 +74,8 @@ class LLM:
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate the assistant's reply to one conversation or a list of them (the model's chat template)."""
+        """Generate the assistant's reply to one conversation or a list of them
+        (the model's chat template)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, sampling_params)

@@ -11,8 +11,9 @@ class SamplingParams:
 
     ``top_k == 0`` or ``-1`` disables top-k; ``top_p == 1`` disables nucleus sampling. ``stop`` strings
     end generation and are left out of the returned text; ``stop_token_ids`` end it too, like the model's own
-    EOS ids, whose stop ``ignore_eos`` turns off (not these); a stop token's text is left out. ``seed`` makes sampling reproducible per request, whatever else shares
-    the batch. ``n`` completions share the prompt's KV blocks (completion ``i`` is seeded ``seed + i``).
+    EOS ids, whose stop ``ignore_eos`` turns off (not these); a stop token's text is left out. ``seed`` makes
+    sampling reproducible per request, whatever else shares the batch. ``n`` completions share the prompt's KV
+    blocks (completion ``i`` is seeded ``seed + i``).
     """
 
     n: int = 1

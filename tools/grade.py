@@ -30,7 +30,8 @@ MAX_FAILURE_LINES = 12
 
 @dataclass
 class Failure:
-    """One failing test: which, why (the exception's first line) and where in labs/ it was raised, if there."""
+    """One failing test: which, why (the exception's first line) and where in
+    labs/ it was raised, if there."""
 
     test: str
     message: str
@@ -82,9 +83,9 @@ class Collector:
 
 
 def hole_behind(error: BaseException) -> str | None:
-    """The message of the unwritten hole that ``error`` comes from, if any: a ``Lab N: ...`` NotImplementedError,
-    itself, as the cause of another error, inside an exception group (hypothesis), or quoted in the text of
-    Triton's interpreter error."""
+    """The message of the unwritten hole that ``error`` comes from, if any: a ``Lab N: ...``
+    NotImplementedError, itself, as the cause of another error, inside an exception group (hypothesis), or
+    quoted in the text of Triton's interpreter error."""
     todo, seen = [error], set()
     while todo:
         current = todo.pop()

@@ -1,4 +1,5 @@
-"""Write AWQ's calibration mix and its unseen evaluation texts into data/text/ (provenance: data/text/README.md).
+"""Write AWQ's calibration mix and its unseen evaluation texts into data/text/
+(provenance: data/text/README.md).
 
 Calibration (``awq_calibration_mix.txt``), three genres interleaved by paragraph blocks:
   - SmolLM2-135M-Instruct's own greedy chat replies (this engine, float32) to ``CHAT_PROMPTS``;
@@ -7,7 +8,8 @@ Calibration (``awq_calibration_mix.txt``), three genres interleaved by paragraph
 Evaluation, none of it used in calibration:
   - ``eval_python_reference.txt``: sections of the Python language reference (``pydoc_data.topics``, the first
     5000 characters of each);
-  - ``eval_python_code.txt``: source of ``fractions.py`` and ``statistics.py`` (the first 20000 characters of each);
+  - ``eval_python_code.txt``: source of ``fractions.py`` and ``statistics.py``
+    (the first 20000 characters of each);
   - ``kjv_luke_1-12.txt`` (already shipped).
 
 Run: ``PYTHONPATH=$PWD python tools/make_awq_texts.py``. Deterministic for a given Python and model.

@@ -10,7 +10,8 @@ In solutions/, the learner's part of a function is marked::
 
 and labs/ gets, at the same indentation, ``raise NotImplementedError("Lab 0: normalise ...")``. ``# HINT:``
 lines are optional and must come first in the block; a comment line right under one that starts with
-``#`` and two spaces continues it. Hints never reach labs/: the learner opts into them tier by tier.
+``#`` and two spaces continues it, and so does one right under the ``BEGIN SOLUTION`` line (a long nudge).
+Hints never reach labs/: the learner opts into them tier by tier.
 A file holds the holes of one lab only, so "this module belongs to Lab N" is well defined.
 
 labs/ holds only the files that contain an exercise, plus one small ``__init__.py`` per package on
@@ -80,7 +81,7 @@ def split_solutions(text: str, path: str) -> list[str | Hole]:
     kept: list[str] = []
     hole: Hole | None = None
     scopes: list[tuple[int, str]] = []  # the enclosing class and def names, with their indentation
-    hints_open = False
+    nudge_open = hints_open = False
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         begin = BEGIN.match(line)
         if begin:
@@ -90,7 +91,7 @@ def split_solutions(text: str, path: str) -> list[str | Hole]:
             function = ".".join(name for _, name in scopes) or "<module>"
             hole = Hole(path, number, function, begin["indent"], nudge)
             parts.append("".join(kept))
-            kept, hints_open = [], True
+            kept, nudge_open, hints_open = [], True, True
         elif END.match(line):
             if not hole:
                 raise ValueError(f"{path}:{number}: END SOLUTION without BEGIN SOLUTION")
@@ -98,10 +99,14 @@ def split_solutions(text: str, path: str) -> list[str | Hole]:
             hole = None
         elif hole:
             hint = HINT.match(line) if hints_open else None
-            more = HINT_MORE.match(line) if hints_open and hole.hints else None
+            more = HINT_MORE.match(line) if hints_open else None
+            if more and nudge_open and not hint:
+                hole.nudge += " " + more["text"].strip()
+                continue
+            nudge_open = False
             if hint:
                 hole.hints.append(hint["text"].strip())
-            elif more and not HINT.match(line):
+            elif more and hole.hints and not HINT.match(line):
                 hole.hints[-1] += " " + more["text"].strip()
             else:
                 hints_open = False
@@ -167,14 +172,16 @@ LAB_OF_MODULE = {{
 {table}}}
 LAB_ALONE = _os.environ.get("{env}") or None
 if LAB_ALONE:
-    from .course import take_other_labs_from_solutions  # solutions/course.py, without importing solutions' engine
+    # solutions/course.py, without importing solutions' engine
+    from .course import take_other_labs_from_solutions
 
     take_other_labs_from_solutions(__name__, _Path(__path__[-1]), LAB_OF_MODULE, LAB_ALONE)
 """
 
 
 def file_parts(text: str, rel: Path) -> list[str | Hole]:
-    """The parts of the labs/ file made from solutions file ``rel`` (``text``), its generated header included."""
+    """The parts of the labs/ file made from solutions file ``rel`` (``text``),
+    its generated header included."""
     parts = split_solutions(text, f"solutions/{rel}")
     return [HEADER.format(path=rel) + parts[0], *parts[1:]]
 
@@ -246,8 +253,8 @@ def describe_filled(filled: dict[Path, list[Hole]]) -> str:
 
 
 def print_hints(lab: str, tier: int) -> int:
-    """Each hole of ``lab``: its nudge, then its hints up to ``tier`` (tier 1 the idea and the trap, tier 2 the
-    shape of the code, tier 3 the tricky line), each wrapped to the terminal's usual width."""
+    """Each hole of ``lab``: its nudge, then its hints up to ``tier`` (tier 1 the idea and the trap, tier 2
+    the shape of the code, tier 3 the tricky line), each wrapped to the terminal's usual width."""
     holes = [h for h in all_holes() if h.lab == lab]
     if not holes:
         print(f"no lab {lab}: the labs are {', '.join(sorted({h.lab for h in all_holes()}))}")
@@ -292,8 +299,8 @@ def main() -> int:
         if state.filled and not args.allow_filled:
             print(describe_filled(state.filled))
             print(
-                "`make test` checks that labs/ holds exactly the generated holes (what the repository ships); "
-                "as a learner, run `make check`, which accepts your filled-in holes."
+                "`make test` checks that labs/ holds exactly the generated holes (what the repository "
+                "ships); as a learner, run `make check`, which accepts your filled-in holes."
             )
             return 1
         if state.stale or state.extra:
@@ -313,7 +320,8 @@ def main() -> int:
     print(f"wrote {len(written)} file(s), removed {len(state.extra)} under labs/")
     if keep:
         print(
-            f"kept {len(keep)} file(s) with your filled-in holes ({describe_filled(keep)}); --force overwrites them"
+            f"kept {len(keep)} file(s) with your filled-in holes ({describe_filled(keep)}); "
+            "--force overwrites them"
         )
     return 0
 

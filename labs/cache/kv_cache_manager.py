@@ -109,7 +109,8 @@ class KVCacheManager:
         return request_id in self._tables
 
     def take_changed_tables(self) -> set[str]:
-        """The ids of requests whose table was created, changed or freed since the last call (then cleared)."""
+        """The ids of requests whose table was created, changed or freed since
+        the last call (then cleared)."""
         changed, self._changed = self._changed, set()
         return changed
 
@@ -118,7 +119,8 @@ class KVCacheManager:
         return {request_id: list(table) for request_id, table in self._tables.items()}
 
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
-        """Cache rows of positions ``[start, end)``: ``table[p // block_size] * block_size + p % block_size``."""
+        """Cache rows of positions ``[start, end)``:
+        ``table[p // block_size] * block_size + p % block_size``."""
         table, size = self._table(request_id), self.block_size
         if not 0 <= start <= end <= len(table) * size:
             raise ValueError(
@@ -151,17 +153,19 @@ class KVCacheManager:
     def allocate_slots(
         self, request: CacheRequest, num_new_tokens: int, prefix: CachedPrefix | None = None
     ) -> bool:
-        """Make room for ``num_new_tokens`` more of ``request``'s tokens; False, changing nothing, if blocks run
-        short.
+        """Make room for ``num_new_tokens`` more of ``request``'s tokens; False, changing nothing, if
+        blocks run short.
 
-        A request that holds blocks writes the new tokens' K/V at positions ``[num_computed, num_computed +
-        num_new_tokens)``. A request's first call (its admission: ``num_computed`` still 0) acquires the blocks
-        of ``prefix`` (``lookup_prefix``'s, or None), one reference each, and the new tokens follow them:
+        A request that holds blocks writes the new tokens' K/V at positions
+        ``[num_computed, num_computed + num_new_tokens)``. A request's first call (its admission:
+        ``num_computed`` still 0) acquires the blocks of ``prefix`` (``lookup_prefix``'s, or None), one
+        reference each, and the new tokens follow them:
         positions ``[prefix.num_tokens, prefix.num_tokens + num_new_tokens)``; the caller then sets
-        ``num_computed = prefix.num_tokens``. Any block the new tokens land in that another table also lists is
-        replaced by a fresh block first (copy-on-write; the pair ``(src, dst)`` is queued for ``take_copies``
-        when ``src`` holds computed tokens of this request). All or nothing: if the fresh blocks needed exceed
-        the free ones (cached blocks the prefix revives no longer count as free), nothing changes.
+        ``num_computed = prefix.num_tokens``. Any block the new tokens land in that another table also
+        lists is replaced by a fresh block first (copy-on-write; the pair ``(src, dst)`` is queued
+        for ``take_copies`` when ``src`` holds computed tokens of this request). All or nothing:
+        if the fresh blocks needed exceed the free ones (cached blocks the prefix revives no longer
+        count as free), nothing changes.
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
@@ -254,7 +258,8 @@ class KVCacheManager:
         self._changed.add(child.request_id)
 
     def truncate(self, request: CacheRequest, num_tokens: int) -> None:
-        """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
+        """Keep only the blocks that hold the first ``num_tokens`` tokens
+        (rejected draft tokens roll back)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         table = self._table(request.request_id)
@@ -302,7 +307,8 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r} holds no blocks") from None
 
     def _take_free_block(self) -> int:
-        """A fresh block: from the free list, or, when that is empty, the least recently freed cached block."""
+        """A fresh block: from the free list, or, when that is empty,
+        the least recently freed cached block."""
         if self.allocator.num_free == 0:
             self.allocator.release(self.prefix_cache.evict())
         return self.allocator.allocate()

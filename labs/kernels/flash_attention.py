@@ -36,7 +36,8 @@ def online_softmax_update(
     """One key block of the online softmax, in plain torch (natural-log scores).
 
     Invariant on entry and exit: ``acc / denom[:, None]`` is softmax attention over the keys seen so far, with
-    ``denom = sum exp(s - m)`` and ``m`` the row max so far. ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
+    ``denom = sum exp(s - m)`` and ``m`` the row max so far.
+    ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
     """
     raise NotImplementedError('Lab 1: fold this block into the running max m, sum denom and output acc (what came before needs rescaling) (hints: make hint LAB=1)')
 
@@ -161,7 +162,8 @@ _flash_fwd_tuned = TunedKernel(
 
 
 def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Stride-1 last dims; on CPU, bf16 inputs go in as float32, as the interpreter's numpy has no bfloat16."""
+    """Stride-1 last dims; on CPU, bf16 inputs go in as float32,
+    as the interpreter's numpy has no bfloat16."""
     dtype = torch.float32 if tensors[0].device.type != "cuda" and tensors[0].dtype == torch.bfloat16 else None
     tensors = tuple(t if dtype is None else t.to(dtype) for t in tensors)
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
@@ -218,7 +220,8 @@ def flash_attention_varlen(
     causal: bool,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention over packed sequences: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, offsets ``[B + 1]`` (module doc).
+    """Attention over packed sequences: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``,
+    offsets ``[B + 1]`` (module doc).
 
     Each sequence attends only to its own keys; causal alignment is bottom-right per sequence.
     ``max_seqlen_q`` sizes the grid (the longest query run).
@@ -233,7 +236,8 @@ def flash_attention_varlen(
     _check_head_dim(q.shape[-1])
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.dim() != 1:
         raise ValueError(
-            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} must be [B + 1]"
+            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+            f"{tuple(cu_seqlens_k.shape)} must be [B + 1]"
         )
     q_heads, head_dim = q.shape[1], q.shape[2]
     batch = cu_seqlens_q.numel() - 1

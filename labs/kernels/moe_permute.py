@@ -36,7 +36,8 @@ class Permutation:
 
 
 def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
-    """Group the assignments ``experts`` ``[T, k]`` by expert, each group padded to a multiple of ``block``."""
+    """Group the assignments ``experts`` ``[T, k]`` by expert, each group padded
+    to a multiple of ``block``."""
     if experts.dim() != 2:
         raise ValueError(f"experts must be [tokens, top_k], got shape {tuple(experts.shape)}")
     if block < 1:

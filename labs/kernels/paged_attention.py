@@ -3,10 +3,11 @@
 FlashAttention kernel for prefill chunks and mixed batches. Both read K/V through block tables.
 
 Layout (``CORE.md``): q ``[T, Hq, D]`` packs the step's queries; ``k_cache``/``v_cache``
-``[num_blocks, block_size, Hkv, D]``; sequence ``b`` owns query rows ``query_start_loc[b]:query_start_loc[b+1]``,
-which are the LAST ``q_len`` of its ``seq_lens[b]`` tokens (bottom-right causal: query ``i`` sees positions
-``p <= i + seq_len - q_len``), and its K/V for position ``p`` sit at block ``block_table[b, p // block_size]``,
-offset ``p % block_size``. Query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+``[num_blocks, block_size, Hkv, D]``; sequence ``b`` owns query rows
+``query_start_loc[b]:query_start_loc[b+1]``, which are the LAST ``q_len`` of its ``seq_lens[b]`` tokens
+(bottom-right causal: query ``i`` sees positions ``p <= i + seq_len - q_len``), and its K/V for position
+``p`` sit at block ``block_table[b, p // block_size]``, offset ``p % block_size``. Query head ``h``
+reads KV head ``h // (Hq // Hkv)``.
 
 Decode (every ``q_len <= 1``) is memory-bound: the whole context is read once per query. One program serves
 all the query heads of one KV head (GQA), so each K/V tile is loaded once for the group, and each sequence's
@@ -57,8 +58,8 @@ def _load_kv_tile(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    """K and V tiles ``[len(pos), HEAD_DIM]`` of KV head ``kv_h`` for logical positions ``pos`` of one sequence,
-    whose physical blocks ``_tile_blocks`` read; positions where ``valid`` is false load as 0."""
+    """K and V tiles ``[len(pos), HEAD_DIM]`` of KV head ``kv_h`` for logical positions ``pos`` of one
+    sequence, whose physical blocks ``_tile_blocks`` read; positions where ``valid`` is false load as 0."""
     offs_d = tl.arange(0, HEAD_DIM)
     raise NotImplementedError('Lab 2: position p sits at offset p % BLOCK_SIZE of its physical block block[p]: load the K and V rows there (masked, other=0) (hints: make hint LAB=2)')
 
@@ -140,7 +141,8 @@ def _merge_splits(
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """Program (t, h): out = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse) (flash-decoding)."""
+    """Program (t, h): out = sum_s w_s * partial_s / sum_s w_s with
+    w_s = 2^(lse_s - max lse) (flash-decoding)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -416,8 +418,10 @@ def paged_attention(
         )  # fmt: skip
         if splits > 1:
             _merge_splits[(q.shape[0], q_heads)](
-                target, lse, out, *target.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-                splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits), num_warps=1 if head_dim <= 64 else 2,
+                target, lse, out,
+                *target.stride()[:3], lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+                splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits),
+                num_warps=1 if head_dim <= 64 else 2,
             )  # fmt: skip
         return out.to(in_dtype)
     _paged_prefill_tuned(

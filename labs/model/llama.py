@@ -54,9 +54,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_inverse_frequencies(
-    head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """RoPE's ``head_dim / 2`` inverse frequencies ``theta ** (-2i / head_dim)``, rescaled as ``scaling`` says.
+    """RoPE's ``head_dim / 2`` inverse frequencies ``theta ** (-2i / head_dim)``, rescaled as ``scaling``
+    says.
 
     Computed in float32 with Hugging Face's own operations, so the tables match its to the last bit.
     """
@@ -88,7 +89,11 @@ def rope_inverse_frequencies(
 
 
 def rope_tables(
-    head_dim: int, theta: float, max_positions: int, device=None, scaling: RopeScaling | None = None
+    head_dim: int,
+    theta: float,
+    max_positions: int,
+    device: torch.device | str | None = None,
+    scaling: RopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``[max_positions, head_dim]`` for rotate-half RoPE.
 
@@ -114,7 +119,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add a block's output ``x`` to the residual stream, then normalise: ``(rms_norm(x + residual), x + residual)``.
+    """Add a block's output ``x`` to the residual stream, then normalise:
+    ``(rms_norm(x + residual), x + residual)``.
 
     ``residual`` None (the first layer) adds nothing: the stream starts as ``x``."""
     residual = x if residual is None else x + residual
@@ -250,10 +256,12 @@ class LlamaModel(nn.Module):
         self.rope_sin: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """``input_ids``, ``positions``: ``[T]``. Returns hidden states ``[T, hidden]`` (before the final norm)."""
+        """``input_ids``, ``positions``: ``[T]``.
+        Returns hidden states ``[T, hidden]`` (before the final norm)."""
         if self.rope_cos is None:
             raise RuntimeError(
-                "the model has no weights yet: build it with LlamaModel.from_state_dict (or loader.load_weights)"
+                "the model has no weights yet: build it with LlamaModel.from_state_dict "
+                "(or loader.load_weights)"
             )
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         hidden, residual = self.embed_tokens(input_ids), None
@@ -267,7 +275,8 @@ class LlamaModel(nn.Module):
         return self.layers[0].self_attn.ops if len(self.layers) else PLAIN_OPS
 
     def use_ops(self, ops: LayerOps) -> None:
-        """Run every layer's elementwise chains through ``ops`` (fused kernels, say) instead of the current set."""
+        """Run every layer's elementwise chains through ``ops`` (fused kernels, say)
+        instead of the current set."""
         for module in self.modules():
             if isinstance(module, AddRMSNorm | Attention | MLP):
                 module.ops = ops
@@ -294,7 +303,8 @@ class LlamaModel(nn.Module):
         device: str | torch.device,
         dtype: torch.dtype,
     ) -> LlamaModel:
-        """Build on the meta device, then fill each weight from Hugging Face Llama names (fusing Q/K/V, gate/up).
+        """Build on the meta device, then fill each weight from Hugging Face Llama
+        names (fusing Q/K/V, gate/up).
 
         Streams: each source tensor is looked up once and copied straight into its final dtype and
         device, so with a lazy ``state_dict`` (the loader's) peak memory is the final weights plus one
@@ -383,7 +393,8 @@ def _gather(
     device: str | torch.device,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Stack ``names`` by rows into one new ``shape`` tensor on ``device`` in ``dtype``, one source at a time."""
+    """Stack ``names`` by rows into one new ``shape`` tensor on ``device`` in
+    ``dtype``, one source at a time."""
     if len(names) == 1:
         tensor = state_dict[names[0]]
         if tensor.shape != shape:

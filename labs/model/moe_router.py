@@ -37,7 +37,8 @@ class Routing:
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> Routing:
-    """Top-``k`` softmax routing of ``router_logits`` ``[T, E]``; ``renormalize`` makes each token's weights sum to 1."""
+    """Top-``k`` softmax routing of ``router_logits`` ``[T, E]``;
+    ``renormalize`` makes each token's weights sum to 1."""
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [tokens, experts], got shape {tuple(router_logits.shape)}")
     if not 1 <= top_k <= router_logits.shape[1]:
@@ -48,7 +49,8 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
 
 
 def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
-    """Switch Transformer auxiliary loss ``alpha * E * sum_i f_i * P_i`` (a scalar, differentiable through ``P``).
+    """Switch Transformer auxiliary loss ``alpha * E * sum_i f_i * P_i``
+    (a scalar, differentiable through ``P``).
 
     ``f_i``: share of the ``T * k`` assignments that picked expert ``i`` (counts, no gradient);
     ``P_i``: mean over tokens of ``probs[:, i]``. Both sum to 1 over experts.

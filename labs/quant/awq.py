@@ -37,7 +37,8 @@ CLIP_GRID, CLIP_MAX_SHRINK = 20, 0.5
 
 @dataclass
 class ScaleSearch:
-    """The chosen per-input-channel ``scales`` ``[K]`` and ``alpha``; ``errors[i]`` is the output MSE at ``alphas[i]``."""
+    """The chosen per-input-channel ``scales`` ``[K]`` and ``alpha``;
+    ``errors[i]`` is the output MSE at ``alphas[i]``."""
 
     scales: torch.Tensor
     alpha: float
@@ -53,11 +54,12 @@ def search_scale(
     n_grid: int = 20,
     block: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> ScaleSearch:
-    """Grid-search ``alpha`` in ``[0, 1)`` for ``s = mean|x|^alpha`` minimising ``mean((x W^T - x (Q(W s)/s)^T)^2)``.
+    """Grid-search ``alpha`` in ``[0, 1)`` for ``s = mean|x|^alpha`` minimising
+    ``mean((x W^T - x (Q(W s)/s)^T)^2)``.
 
     ``weight`` ``[N, K]``; ``x`` ``[T, K]`` calibration inputs of that linear. ``block``, if given, maps
-    the linear's output to the output of the block it feeds, and the error is measured there. ``alpha = 0`` is plain
-    round-to-nearest (``s = 1``), so the chosen error is never above RTN's on ``x``. Scales are
+    the linear's output to the output of the block it feeds, and the error is measured there. ``alpha = 0``
+    is plain round-to-nearest (``s = 1``), so the chosen error is never above RTN's on ``x``. Scales are
     normalised by ``sqrt(max * min)`` so they straddle 1 (the product, not the ratio, is what matters).
     """
     check_quant_args(weight.shape[1], w_bit, group_size)
@@ -77,7 +79,8 @@ def clip_max_val(weight: torch.Tensor, group_size: int, ratio: torch.Tensor) -> 
 
 
 def search_clip(weight: torch.Tensor, x: torch.Tensor, w_bit: int, group_size: int) -> torch.Tensor:
-    """Index into ``clip_ratios()`` per output channel ``[N]`` (uint8) minimising that channel's output MSE on ``x``."""
+    """Index into ``clip_ratios()`` per output channel ``[N]`` (uint8) minimising that
+    channel's output MSE on ``x``."""
     check_quant_args(weight.shape[1], w_bit, group_size)
     weight, x = weight.float(), x.float()
     target = x @ weight.T
@@ -94,12 +97,14 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, w_bit: int, group_size: i
 
 
 def awq_params_path(model_name: str, w_bit: int, group_size: int) -> Path:
-    """Where the AWQ scales of ``model_name`` (the weights file's stem) at this bit width and group size are cached."""
+    """Where the AWQ scales of ``model_name`` (the weights file's stem) at this bit
+    width and group size are cached."""
     return DATA_DIR / "awq" / f"{model_name}.w{w_bit}g{group_size}.safetensors"
 
 
 def load_awq_params(model_name: str, w_bit: int, group_size: int) -> dict[str, torch.Tensor]:
-    """The cached ``{linear name}.scales`` (float16 ``[K]``) and ``{linear name}.clip`` (uint8 ``[N]``) tensors."""
+    """The cached ``{linear name}.scales`` (float16 ``[K]``) and
+    ``{linear name}.clip`` (uint8 ``[N]``) tensors."""
     path = awq_params_path(model_name, w_bit, group_size)
     if not path.exists():
         raise FileNotFoundError(

@@ -3,4 +3,5 @@ from pathlib import Path as _Path
 
 __path__.append(str(_Path(__file__).resolve().parents[2] / "solutions" / "speculative"))
 
-"""Speculative decoding (Lesson 4): drafters propose, the target verifies in one pass, rejection sampling keeps it exact."""
+"""Speculative decoding (Lesson 4): drafters propose, the target verifies in one pass,
+rejection sampling keeps it exact."""

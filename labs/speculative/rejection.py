@@ -61,7 +61,8 @@ def verify(
         )
     if draft_probs is not None and draft_probs.shape != (batch, k, target_probs.shape[2]):
         raise ValueError(
-            f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, got {tuple(draft_probs.shape)}"
+            f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, "
+            f"got {tuple(draft_probs.shape)}"
         )
     if num_drafts is None:
         num_drafts = torch.full((batch,), k, dtype=torch.long)
@@ -84,7 +85,8 @@ def verify(
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token from unnormalised ``probs`` ``[V]``; a one-hot row (greedy) takes its argmax, using no randomness."""
+    """One token from unnormalised ``probs`` ``[V]``;
+    a one-hot row (greedy) takes its argmax, using no randomness."""
     top = probs.argmax()
     if probs[top] >= probs.sum():
         return top

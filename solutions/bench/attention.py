@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,7 +34,7 @@ def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def cpu_median_ms(repeats: int, fn, *args, **kwargs) -> float:
+def cpu_median_ms(repeats: int, fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
     fn(*args, **kwargs)  # warm-up
     times = []
     for _ in range(repeats):
@@ -42,7 +44,7 @@ def cpu_median_ms(repeats: int, fn, *args, **kwargs) -> float:
     return statistics.median(times)
 
 
-def tflops(work: float, fn, *args, **kwargs) -> float:
+def tflops(work: float, fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
     """TFLOP/s of ``fn(*args)``: a ``do_bench`` median on CUDA, a wall-clock median elsewhere."""
     if args[0].device.type != "cuda":
         return work / (cpu_median_ms(3, fn, *args, **kwargs) * 1e-3) / 1e12
@@ -59,7 +61,7 @@ def _tiles(config) -> str:
 
 def bench_kernels(
     dtypes: list[torch.dtype], head_dims: list[int], lengths: list[int], batch: int, heads: int
-):
+) -> list[str]:
     """The GPU table (any device with ``--smoke``): ours vs SDPA flash vs naive, the tuned tiles, the goal."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = ["dtype     D  causal      N   ours TF/s   sdpa TF/s  naive TF/s  ours/sdpa  goal  tuned tiles"]

@@ -11,6 +11,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..llm import LLM
 from ..sampling_params import SamplingParams
 
 
@@ -26,7 +27,7 @@ class BatchSpeed:
 
 
 def measure_batch_speed(
-    llm, batch_size: int, new_tokens: int = 32, prompt: str = "Write a short poem about"
+    llm: LLM, batch_size: int, new_tokens: int = 32, prompt: str = "Write a short poem about"
 ) -> BatchSpeed:
     """Generate ``new_tokens`` greedy tokens for ``batch_size`` copies of a prompt in one batch, after a short
     warm-up batch of the same shape: the first call at a new number of rows pays one-time costs (on CPU each

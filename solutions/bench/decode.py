@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from ..llm import LLM
 from ..model.loader import bundled_model_path
 from ..sampling_params import SamplingParams
 
@@ -26,7 +27,7 @@ def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]
     return {name: 1 / statistics.median(f) for name, f in figures.items()}
 
 
-def seconds_per_decode_token(run, new_tokens: int, repeats: int) -> list[float]:
+def seconds_per_decode_token(run: Callable[[int], object], new_tokens: int, repeats: int) -> list[float]:
     """One figure per repeat: (t(new_tokens) - t(1)) / (new_tokens - 1)."""
     figures = []
     for _ in range(repeats):
@@ -75,9 +76,9 @@ LLAMA_CPP_MISSING = (
 )
 
 
-def prefill_seconds(llm, prompt_ids: list[int], repeats: int) -> float:
-    """Median time to first token of one prompt (prefill + one sampled token). ``llm`` must not cache prefixes:
-    every repeat has to compute the whole prompt."""
+def prefill_seconds(llm: LLM, prompt_ids: list[int], repeats: int) -> float:
+    """Median time to first token of one prompt (prefill + one sampled token). ``llm`` must not cache
+    prefixes: every repeat has to compute the whole prompt."""
     if llm.engine.config.enable_prefix_caching:
         raise ValueError(
             "prefill_seconds needs an LLM with enable_prefix_caching=False (repeats would hit the cache)"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ..engine.engine import Engine
 from ..sampling_params import SamplingParams
 
 # Host-side CUDA runtime calls that block the CPU until the device catches up.
@@ -32,7 +33,7 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
     return [[rng.randrange(vocab_size) for _ in range(length)] for _ in range(count)]
 
 
-def start_decodes(engine, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> list[str]:
+def start_decodes(engine: Engine, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> list[str]:
     """Queue ``batch`` greedy requests (random prompts of ``prompt_len`` tokens, ``max_tokens`` each, EOS
     ignored) and step until every one has produced its first token. Returns their ids; the caller aborts them
     when done."""
@@ -60,7 +61,7 @@ def _decode_step(engine, batch: int) -> None:
         )
 
 
-def decode_step_times(engine, steps: int, batch: int, sync: Callable[[], None]) -> list[float]:
+def decode_step_times(engine: Engine, steps: int, batch: int, sync: Callable[[], None]) -> list[float]:
     """Seconds of each of ``steps`` decode steps of ``batch`` requests, from a synchronised device to one."""
     times = []
     for _ in range(steps):
@@ -72,7 +73,7 @@ def decode_step_times(engine, steps: int, batch: int, sync: Callable[[], None]) 
     return times
 
 
-def profile_decode_steps(engine, steps: int, batch: int, device: str) -> dict[str, float | None]:
+def profile_decode_steps(engine: Engine, steps: int, batch: int, device: str) -> dict[str, float | None]:
     """Run ``steps`` decode steps under ``torch.profiler``; per step, what ``summarize_profile`` counts."""
     from torch.profiler import ProfilerActivity, profile
 

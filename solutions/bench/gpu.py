@@ -107,8 +107,8 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
 
 def stored_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes a decode step of a quantized model reads, counted as every stored tensor once: its packed codes,
-    scales and zero points (buffers) and its float parameters (norms). Exact for a tied embedding (the LM head's
-    table); an untied one is counted whole though a step reads one row of it."""
+    scales and zero points (buffers) and its float parameters (norms). Exact for a tied embedding (the LM
+    head's table); an untied one is counted whole though a step reads one row of it."""
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import torch
 
@@ -167,7 +169,7 @@ def _alarm(seconds: float) -> Iterator[None]:
         yield
         return
 
-    def fire(signum, frame):
+    def fire(signum: int, frame: FrameType | None) -> NoReturn:
         raise SectionTimeout
 
     previous = signal.signal(signal.SIGALRM, fire)

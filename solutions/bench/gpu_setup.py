@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +18,9 @@ from ..llm import LLM
 from .gpu_report import Section
 from .hf_peer import load_hf_model
 from .model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CPU_KV_CACHE_BYTES = 256 << 20
 ENGINES = ("eager", "graphs")
@@ -137,7 +142,7 @@ class ShapeModels:
         each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
         return int(min(max(each, 2 << 30), 40 << 30))
 
-    def llm(self, kind: str):
+    def llm(self, kind: str) -> LLM:
         if kind not in self.built:
             self.built[kind] = LLM(
                 model=str(self.folder),
@@ -145,14 +150,15 @@ class ShapeModels:
                 device=self.device,
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=self.max_model_len,
-                # The INT4 engine only decodes one sequence: a small cache leaves room for the other three models.
+                # The INT4 engine only decodes one sequence:
+                # a small cache leaves room for the other three models.
                 kv_cache_memory=INT4_KV_CACHE_BYTES if kind == "int4" else self.kv_cache_bytes,
                 enforce_eager=kind == "eager",
                 quantization="rtn" if kind == "int4" else None,
             )
         return self.built[kind]
 
-    def hf(self):
+    def hf(self) -> PreTrainedModel:
         if "hf" not in self.built:
             self.built["hf"] = load_hf_model(self.folder, getattr(torch, self.dtype), self.device)
         return self.built["hf"]
@@ -164,5 +170,5 @@ class ShapeModels:
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def batches(self, wanted) -> list[int]:
+    def batches(self, wanted: Iterable[int]) -> list[int]:
         return [b for b in wanted if b <= self.max_num_seqs]

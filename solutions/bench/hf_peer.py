@@ -7,15 +7,21 @@ functions)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..model.loader import bundled_model_path
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def load_hf_model(folder: Path | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """A checkpoint ``folder`` (default: the bundled GGUF) as a ``transformers`` causal LM in eval mode, without
-    its loading messages or progress bars."""
+
+def load_hf_model(
+    folder: Path | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> PreTrainedModel:
+    """A checkpoint ``folder`` (default: the bundled GGUF) as a ``transformers`` causal LM in eval mode,
+    without its loading messages or progress bars."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -41,10 +47,14 @@ def left_padded(
 
 
 def hf_generate(
-    model, ids: torch.Tensor, new_tokens: int, mask: torch.Tensor | None = None, pad_token_id: int = 0
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    new_tokens: int,
+    mask: torch.Tensor | None = None,
+    pad_token_id: int = 0,
 ) -> torch.Tensor:
-    """Exactly ``new_tokens`` greedy tokens after each row of ``ids`` ``[B, L]`` (left-padded where ``mask`` is
-    0); returns the rows with them appended."""
+    """Exactly ``new_tokens`` greedy tokens after each row of ``ids`` ``[B, L]`` (left-padded where ``mask``
+    is 0); returns the rows with them appended."""
     with torch.inference_mode():
         return model.generate(
             ids,

@@ -67,7 +67,7 @@ def op_calls(
 
 def op_rows(
     shapes: dict, token_counts: list[int], dtype: torch.dtype, device: torch.device, copy_gbps: float
-):
+) -> list[str]:
     """Per op and shape: fused vs plain time, and the fused kernel's GB/s against copy bandwidth."""
     rows = ["shape  tokens  op              fused us  plain us  plain/fused    GB/s  of copy"]
     for name, shape in shapes.items():
@@ -86,7 +86,7 @@ def op_rows(
 
 def decode_layer(
     shape: tuple[int, int, int, int, int], batch: int, context: int, dtype: torch.dtype, device: torch.device
-):
+) -> tuple[DecoderLayer, Callable[[], torch.Tensor]]:
     """One random decoder layer of ``shape`` and a decode step's inputs for it (``batch`` sequences of
     ``context`` tokens over a paged cache): returns ``(layer, run)``, ``run()`` calling the layer once."""
     hidden, q_heads, kv_heads, head_dim, inter = shape

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels.blocks import cdiv
+from ..llm import LLM
 from ..sampling_params import SamplingParams
 
 # The mix: log-normal prompt and output lengths (sigma 1) whose means are ShareGPT's as the PagedAttention
@@ -33,7 +34,8 @@ class RequestShape:
 
 
 def sample_request_mix(num_requests: int, max_model_len: int = 2048, seed: int = 0) -> list[RequestShape]:
-    """``num_requests`` (prompt, output) lengths: log-normal, ShareGPT's means, prompt + output <= max_model_len."""
+    """``num_requests`` (prompt, output) lengths: log-normal, ShareGPT's means,
+    prompt + output <= max_model_len."""
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     rng = random.Random(seed)
@@ -96,7 +98,8 @@ def memory_use(mix: Sequence[RequestShape], reserve: Reservation) -> MemoryUse:
 
 
 def max_concurrent(mix: Sequence[RequestShape], budget_rows: int, reserve: Reservation) -> int:
-    """How many of the mix's sequences, taken in order, fit in ``budget_rows`` at once at their final lengths."""
+    """How many of the mix's sequences, taken in order, fit in ``budget_rows`` at
+    once at their final lengths."""
     held = count = 0
     for shape in mix:
         held += reserve(shape.total_len, shape)
@@ -130,7 +133,8 @@ def memory_table(num_requests: int, max_model_len: int, block_size: int, budget_
 
 @dataclass(frozen=True)
 class PrefixTTFT:
-    """TTFTs (seconds) of requests whose long prefix was cached, and of the same requests with a fresh prefix."""
+    """TTFTs (seconds) of requests whose long prefix was cached, and of the same
+    requests with a fresh prefix."""
 
     prefix_len: int
     cached: list[float]
@@ -142,7 +146,7 @@ class PrefixTTFT:
         return statistics.median(self.uncached) / statistics.median(self.cached)
 
 
-def measure_prefix_ttft(llm, prefix_len: int = 1024, rounds: int = 5) -> PrefixTTFT:
+def measure_prefix_ttft(llm: LLM, prefix_len: int = 1024, rounds: int = 5) -> PrefixTTFT:
     """Alternate requests = (shared prefix + a question) and (fresh prefix + a question), one at a time.
 
     The shared prefix is ``prefix_len`` tokens of a long text, cached by one warm-up request. A fresh

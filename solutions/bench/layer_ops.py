@@ -13,12 +13,15 @@ Three tables, each measured with rounds alternating between the candidates (this
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
+from ..engine.outputs import RequestOutput
 from ..kernels.cpu_linear import fastest_rounds
+from ..llm import LLM
 from ..model.cpu_layer_ops import CHAINS, model_sizes
-from ..model.llama import PLAIN_OPS
+from ..model.llama import PLAIN_OPS, LayerOps, LlamaModel
 from ..sampling_params import SamplingParams
 from .decode import decode_speeds
 
@@ -33,7 +36,7 @@ def decision_lines(decisions: dict[str, dict]) -> list[str]:
     return lines
 
 
-def torch_compile_lines(model, fused_ops) -> list[str]:
+def torch_compile_lines(model: LlamaModel, fused_ops: LayerOps) -> list[str]:
     """Per chain at one row: plain, the engine's fused chain, and ``torch.compile`` of the plain function."""
     dtype, sizes = model.norm.weight.dtype, model_sizes(model)
     lines = [f"{'chain (1 row)':<16}{'plain us':>10}{'engine us':>11}{'torch.compile us':>18}"]
@@ -51,15 +54,15 @@ def torch_compile_lines(model, fused_ops) -> list[str]:
     return lines
 
 
-def step_ab_lines(llm, fused_ops, prompt: str, tokens: int, repeats: int) -> list[str]:
+def step_ab_lines(llm: LLM, fused_ops: LayerOps, prompt: str, tokens: int, repeats: int) -> list[str]:
     """Decode ms/token of ``llm`` with ``PLAIN_OPS`` and with ``fused_ops``, alternating; and whether the
     greedy tokens agree."""
     model = llm.engine.model
     before = model.ops
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 
-    def run_with(ops):
-        def run(n: int):
+    def run_with(ops: LayerOps) -> Callable[[int], list[RequestOutput]]:
+        def run(n: int) -> list[RequestOutput]:
             model.use_ops(ops)
             return llm.generate(prompt, greedy(n))
 

@@ -6,6 +6,7 @@ the same active parameters), and the GPU table of the grouped Triton kernel agai
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,15 +43,15 @@ def make_layer(
     }
 
 
-def runners(layer: dict[str, torch.Tensor], grouped=fused_moe) -> dict:
+def runners(layer: dict[str, torch.Tensor], grouped: Callable[..., torch.Tensor] = fused_moe) -> dict:
     """The three implementations, router included; ``grouped`` is called as the engine calls it (no id
     check, no host sync)."""
 
-    def moe(x, impl):
+    def moe(x: torch.Tensor, impl: Callable[..., torch.Tensor]) -> torch.Tensor:
         routing = route(x @ layer["router"].t(), TOP_K)
         return impl(x, layer["w13"], layer["w2"], routing.weights.to(x.dtype), routing.experts)
 
-    def dense(x):
+    def dense(x: torch.Tensor) -> torch.Tensor:
         gate, up = (x @ layer["dense_w13"].t()).chunk(2, dim=-1)
         return (F.silu(gate) * up) @ layer["dense_w2"].t()
 
@@ -61,7 +62,7 @@ def runners(layer: dict[str, torch.Tensor], grouped=fused_moe) -> dict:
     }
 
 
-def median_ms(fn, device: str) -> float:
+def median_ms(fn: Callable[[], object], device: str) -> float:
     if device == "cuda":
         import triton.testing
 

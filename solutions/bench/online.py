@@ -16,12 +16,15 @@ from dataclasses import dataclass
 
 from ..engine.engine import Engine
 from ..engine.outputs import RequestOutput
+from ..engine.scheduler import SchedulerOutput
+from ..llm import LLM
 from ..sampling_params import SamplingParams
 from .throughput import Workload
 
 
 def poisson_arrival_offsets(num_requests: int, rate: float, seed: int = 0) -> list[float]:
-    """Arrival times in seconds from the start: exponential gaps of mean ``1 / rate`` (``inf`` rate: all at 0)."""
+    """Arrival times in seconds from the start:
+    exponential gaps of mean ``1 / rate`` (``inf`` rate: all at 0)."""
     rng = random.Random(seed)
     t, offsets = 0.0, []
     for _ in range(num_requests):
@@ -35,7 +38,7 @@ def _params(workload: Workload) -> list[SamplingParams]:
 
 
 def run_with_arrivals(
-    llm, workload: Workload, rate: float, seed: int = 0
+    llm: LLM, workload: Workload, rate: float, seed: int = 0
 ) -> tuple[list[RequestOutput], float]:
     """Submit each request at its Poisson arrival time and step the engine until all finish.
     Returns the final outputs in submission order and the wall time."""
@@ -62,10 +65,11 @@ def run_with_arrivals(
     return [final[i] for i in ids], time.perf_counter() - start
 
 
-def run_static(llm, workload: Workload, batch_size: int) -> tuple[list[RequestOutput], float]:
+def run_static(llm: LLM, workload: Workload, batch_size: int) -> tuple[list[RequestOutput], float]:
     """Static batching on the same engine: every request arrives at the start, but the next ``batch_size``
     start only when the whole previous batch has finished (its finished slots sit idle meanwhile). The
-    metrics count each request's wait from the start. Returns the outputs in workload order and the wall time."""
+    metrics count each request's wait from the start.
+    Returns the outputs in workload order and the wall time."""
     engine = llm.engine
     if engine.has_unfinished_requests():
         raise RuntimeError("the engine still has unfinished requests")
@@ -121,7 +125,8 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one engine step ran: decode tokens, prefill-chunk tokens, requests preempted, queue lengths after."""
+    """What one engine step ran: decode tokens, prefill-chunk tokens,
+    requests preempted, queue lengths after."""
 
     decode_tokens: int
     prefill_tokens: int
@@ -137,7 +142,7 @@ def record_steps(engine: Engine) -> Iterator[list[StepRecord]]:
     scheduler = engine.scheduler
     schedule = scheduler.schedule
 
-    def recording_schedule():
+    def recording_schedule() -> SchedulerOutput:
         plan = schedule()
         # A decode computes the one token it sampled last step (plus any drafts); anything else is prefill.
         decodes = sum(

@@ -18,17 +18,23 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..engine.outputs import RequestOutput
+from ..llm import LLM
+from ..model.config import ModelConfig
 from ..sampling_params import SamplingParams
 
 
 def step_linears(model: nn.Module) -> list[nn.Module]:
-    """Every matrix product of a step, in order: each layer's linears, then the LM head (not the embedding)."""
+    """Every matrix product of a step, in order:
+    each layer's linears, then the LM head (not the embedding)."""
     linears = []
     for layer in model.layers:
         linears += [m for m in layer.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
@@ -37,7 +43,8 @@ def step_linears(model: nn.Module) -> list[nn.Module]:
 
 @torch.inference_mode()
 def linear_seconds(model: nn.Module, rows: int = 1, repeats: int = 5, head_rows: int | None = None) -> float:
-    """Fastest of ``repeats`` runs of every linear of a step on ``rows``-row inputs (``head_rows`` for the LM head)."""
+    """Fastest of ``repeats`` runs of every linear of a step on ``rows``-row inputs
+    (``head_rows`` for the LM head)."""
     linears = step_linears(model)
     dtype = model.norm.weight.dtype
     inputs = {}
@@ -69,7 +76,7 @@ def linear_flops(model: nn.Module, rows: int, head_rows: int = 1) -> int:
     return body + 2 * head_rows * model.lm_head.in_features * model.lm_head.out_features
 
 
-def attention_flops(config, tokens: int) -> int:
+def attention_flops(config: ModelConfig, tokens: int) -> int:
     """q k^T and p v of a causal prefill of ``tokens`` tokens (half the square), every layer."""
     return 2 * 2 * config.num_layers * config.num_heads * config.head_dim * tokens * (tokens + 1) // 2
 
@@ -90,10 +97,10 @@ class _Clock:
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
 
-    def timed(self, part: str, fn):
+    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         seconds = self.seconds
 
-        def timed_call(*args, **kwargs):
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -149,7 +156,7 @@ class StepSplit:
         return sum(self.ms.values())
 
 
-def measure_step_split(llm, prompt: str, new_tokens: int = 32, repeats: int = 3) -> StepSplit:
+def measure_step_split(llm: LLM, prompt: str, new_tokens: int = 32, repeats: int = 3) -> StepSplit:
     """Time each part of ``llm``'s batch-1 greedy decode steps (``new_tokens`` tokens after ``prompt``; the
     prefill step is left out). Of ``repeats`` runs, the one whose mean step is the median is reported: its
     parts add up to its step."""
@@ -161,7 +168,11 @@ def measure_step_split(llm, prompt: str, new_tokens: int = 32, repeats: int = 3)
         per_step: list[dict[str, float]] = []
         step = llm.engine.step
 
-        def one_step(step=step, clock=clock, per_step=per_step):
+        def one_step(
+            step: Callable[[], list[RequestOutput]] = step,
+            clock: _Clock = clock,
+            per_step: list[dict[str, float]] = per_step,
+        ) -> list[RequestOutput]:
             before = dict(clock.seconds)
             start = time.perf_counter()
             outputs = step()

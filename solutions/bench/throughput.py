@@ -1,8 +1,8 @@
-"""What ``python -m solutions bench throughput`` measures with (``cli/bench/throughput.py``; notebooks 03 and 07
-use the same): a seeded workload (prompt lengths 16-512 and output lengths 16-256, prompts cut from real text,
-EOS ignored so every request produces exactly its length), its throughput through an engine or through Hugging
-Face ``generate`` in padded static batches, and the machine's compute ceiling: the model's own matrix products
-at a large batch, turned into the tokens/s a forward pass could reach if it did nothing else."""
+"""What ``python -m solutions bench throughput`` measures with (``cli/bench/throughput.py``; notebooks 03 and
+07 use the same): a seeded workload (prompt lengths 16-512 and output lengths 16-256, prompts cut from real
+text, EOS ignored so every request produces exactly its length), its throughput through an engine or through
+Hugging Face ``generate`` in padded static batches, and the machine's compute ceiling: the model's own matrix
+products at a large batch, turned into the tokens/s a forward pass could reach if it did nothing else."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..llm import LLM
+from ..model.tokenizer import TextTokenizer
 from ..sampling_params import SamplingParams
 from .hf_peer import hf_generate, left_padded
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "kjv_genesis_1-15.txt"
 
@@ -35,7 +41,11 @@ class Workload:
 
 
 def make_workload(
-    tokenizer, num_requests: int, prompt_lens=(16, 512), output_lens=(16, 256), seed: int = 0
+    tokenizer: TextTokenizer,
+    num_requests: int,
+    prompt_lens: tuple[int, int] = (16, 512),
+    output_lens: tuple[int, int] = (16, 256),
+    seed: int = 0,
 ) -> Workload:
     """Random lengths, uniform in each range; each prompt is a window of real text of its length."""
     rng = random.Random(seed)
@@ -65,8 +75,9 @@ class Throughput:
         return (self.prompt_tokens + self.output_tokens) / self.wall_s
 
 
-def run_engine(llm, workload: Workload, name: str = "fast-mode engine", **sampling) -> Throughput:
-    """Greedy unless ``sampling`` gives other ``SamplingParams`` fields (request ``i`` is then seeded ``i``)."""
+def run_engine(llm: LLM, workload: Workload, name: str = "fast-mode engine", **sampling: Any) -> Throughput:
+    """Greedy unless ``sampling`` gives other ``SamplingParams`` fields
+    (request ``i`` is then seeded ``i``)."""
     params = [
         SamplingParams(
             max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
@@ -81,7 +92,7 @@ def run_engine(llm, workload: Workload, name: str = "fast-mode engine", **sampli
     return Throughput(name, wall, workload.num_prompt_tokens, produced)
 
 
-def run_hf_static(model, workload: Workload, batch_size: int, pad_id: int) -> Throughput:
+def run_hf_static(model: PreTrainedModel, workload: Workload, batch_size: int, pad_id: int) -> Throughput:
     """Padded static batches in arrival order: a batch holds its slots until its longest request is done."""
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), batch_size):
@@ -94,10 +105,13 @@ def run_hf_static(model, workload: Workload, batch_size: int, pad_id: int) -> Th
                       workload.num_output_tokens)  # fmt: skip
 
 
-def compute_ceiling_tokens_per_s(model, batch: int = 512, repeats: int = 3) -> tuple[float, float]:
-    """(FLOP/s, tokens/s): time the model's matrix shapes at ``batch`` rows (one of each distinct linear, weighted
-    by how often a forward pass uses it) and divide a token's matmul FLOPs by the time they take. Each linear runs
-    through the module itself, so on CPU it takes the path measured fastest for a prompt's rows (``CpuLinear``)."""
+def compute_ceiling_tokens_per_s(
+    model: torch.nn.Module, batch: int = 512, repeats: int = 3
+) -> tuple[float, float]:
+    """(FLOP/s, tokens/s): time the model's matrix shapes at ``batch`` rows (one of each distinct linear,
+    weighted by how often a forward pass uses it) and divide a token's matmul FLOPs by the time they take.
+    Each linear runs through the module itself, so on CPU it takes the path measured fastest for a
+    prompt's rows (``CpuLinear``)."""
     linears: dict[tuple[int, int], tuple[int, torch.nn.Module]] = {}
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):

@@ -79,7 +79,8 @@ class BlockAllocator:
         At 0 the block is *held*: the caller must ``release`` it or keep it (the prefix cache does).
         Raises ValueError naming the block if it is not in use (a double free) or not ours.
         """
-        # BEGIN SOLUTION Lab 2: reject a foreign block (self._check) and one whose count is already 0 (double free: ValueError naming the block); then decrement and return the new count
+        # BEGIN SOLUTION Lab 2: reject a foreign block (self._check) and one whose count is already 0
+        #  (double free: ValueError naming the block); then decrement and return the new count
         # HINT: A reference count says how many block tables list the block. Freeing a block twice, or a
         #  block that is not ours, would later hand one block to two sequences and corrupt their K/V:
         #  fail at once, naming the block.

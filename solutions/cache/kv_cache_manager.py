@@ -108,7 +108,8 @@ class KVCacheManager:
         return request_id in self._tables
 
     def take_changed_tables(self) -> set[str]:
-        """The ids of requests whose table was created, changed or freed since the last call (then cleared)."""
+        """The ids of requests whose table was created, changed or freed since
+        the last call (then cleared)."""
         changed, self._changed = self._changed, set()
         return changed
 
@@ -117,7 +118,8 @@ class KVCacheManager:
         return {request_id: list(table) for request_id, table in self._tables.items()}
 
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
-        """Cache rows of positions ``[start, end)``: ``table[p // block_size] * block_size + p % block_size``."""
+        """Cache rows of positions ``[start, end)``:
+        ``table[p // block_size] * block_size + p % block_size``."""
         table, size = self._table(request_id), self.block_size
         if not 0 <= start <= end <= len(table) * size:
             raise ValueError(
@@ -150,17 +152,19 @@ class KVCacheManager:
     def allocate_slots(
         self, request: CacheRequest, num_new_tokens: int, prefix: CachedPrefix | None = None
     ) -> bool:
-        """Make room for ``num_new_tokens`` more of ``request``'s tokens; False, changing nothing, if blocks run
-        short.
+        """Make room for ``num_new_tokens`` more of ``request``'s tokens; False, changing nothing, if
+        blocks run short.
 
-        A request that holds blocks writes the new tokens' K/V at positions ``[num_computed, num_computed +
-        num_new_tokens)``. A request's first call (its admission: ``num_computed`` still 0) acquires the blocks
-        of ``prefix`` (``lookup_prefix``'s, or None), one reference each, and the new tokens follow them:
+        A request that holds blocks writes the new tokens' K/V at positions
+        ``[num_computed, num_computed + num_new_tokens)``. A request's first call (its admission:
+        ``num_computed`` still 0) acquires the blocks of ``prefix`` (``lookup_prefix``'s, or None), one
+        reference each, and the new tokens follow them:
         positions ``[prefix.num_tokens, prefix.num_tokens + num_new_tokens)``; the caller then sets
-        ``num_computed = prefix.num_tokens``. Any block the new tokens land in that another table also lists is
-        replaced by a fresh block first (copy-on-write; the pair ``(src, dst)`` is queued for ``take_copies``
-        when ``src`` holds computed tokens of this request). All or nothing: if the fresh blocks needed exceed
-        the free ones (cached blocks the prefix revives no longer count as free), nothing changes.
+        ``num_computed = prefix.num_tokens``. Any block the new tokens land in that another table also
+        lists is replaced by a fresh block first (copy-on-write; the pair ``(src, dst)`` is queued
+        for ``take_copies`` when ``src`` holds computed tokens of this request). All or nothing:
+        if the fresh blocks needed exceed the free ones (cached blocks the prefix revives no longer
+        count as free), nothing changes.
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
@@ -249,7 +253,8 @@ class KVCacheManager:
         if child.request_id in self._tables:
             raise ValueError(f"request {child.request_id!r} already holds blocks: fork into a new request")
         parent_table = self._table(parent.request_id)
-        # BEGIN SOLUTION Lab 2: incref every block of the parent's table, give the child a copy of that table (self._tables) and of the parent's chained keys (self._keys)
+        # BEGIN SOLUTION Lab 2: incref every block of the parent's table, give the child a copy of that table
+        #  (self._tables) and of the parent's chained keys (self._keys)
         # HINT: A fork shares, it does not copy: the child's table lists the very same blocks, each one
         #  reference higher, so neither sequence's free() can return a block the other still reads.
         # HINT: incref each block of parent_table; store a list of the same blocks as the child's table in
@@ -265,7 +270,8 @@ class KVCacheManager:
         self._changed.add(child.request_id)
 
     def truncate(self, request: CacheRequest, num_tokens: int) -> None:
-        """Keep only the blocks that hold the first ``num_tokens`` tokens (rejected draft tokens roll back)."""
+        """Keep only the blocks that hold the first ``num_tokens`` tokens
+        (rejected draft tokens roll back)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         table = self._table(request.request_id)
@@ -313,14 +319,17 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r} holds no blocks") from None
 
     def _take_free_block(self) -> int:
-        """A fresh block: from the free list, or, when that is empty, the least recently freed cached block."""
+        """A fresh block: from the free list, or, when that is empty,
+        the least recently freed cached block."""
         if self.allocator.num_free == 0:
             self.allocator.release(self.prefix_cache.evict())
         return self.allocator.allocate()
 
     def _copy_on_write(self, table: list[int], index: int, num_computed: int) -> None:
         """Replace shared ``table[index]`` with a fresh block, queueing a copy if it holds computed tokens."""
-        # BEGIN SOLUTION Lab 2: take a fresh block (self._take_free_block); if the shared block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies; drop one reference to src; put the fresh block in table[index]
+        # BEGIN SOLUTION Lab 2: take a fresh block (self._take_free_block); if the shared
+        #  block holds computed tokens (index * block_size < num_computed) queue (src, dst) in self._copies;
+        #  drop one reference to src; put the fresh block in table[index]
         # HINT: A block that several tables list must not be written in place: the writer gets its own copy.
         #  Only rows that already hold computed tokens need copying; a block none of whose rows are
         #  computed yet needs no copy.
@@ -338,7 +347,8 @@ class KVCacheManager:
 
     def _release(self, block: int) -> None:
         """Drop one reference to ``block``; at 0 a cached block waits in the LRU, any other is free again."""
-        # BEGIN SOLUTION Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached) is parked in the LRU, any other is released to the allocator's free list
+        # BEGIN SOLUTION Lab 2: decref; when the count reaches 0, a cached block (self.prefix_cache.is_cached)
+        #  is parked in the LRU, any other is released to the allocator's free list
         # HINT: At count 0 a block may still be worth keeping: if the prefix cache knows its contents, a
         #  later request with the same prefix can reuse it. Such a block waits on the LRU; any other
         #  block is simply free again.

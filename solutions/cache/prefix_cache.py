@@ -46,7 +46,8 @@ def chain_block_hashes(
     parent: BlockHash = ROOT_HASH,
     stop: int | None = None,
 ) -> list[BlockHash]:
-    """Keys of full blocks ``start, start + 1, ...`` of ``token_ids`` (block ``start - 1`` has key ``parent``).
+    """Keys of full blocks ``start, start + 1, ...`` of ``token_ids``
+    (block ``start - 1`` has key ``parent``).
 
     Stops before block ``stop`` if given, and at the last full block; a partial block has no key.
     """

@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     check = eval_ids[:WINDOW]
     with torch.inference_mode():
         gap = (moe.sequence_logits(check) - dense.sequence_logits(check)).abs().max().item()
-    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} over {len(check)} tokens",
-          flush=True)  # fmt: skip
+    print(f"k = E = {num_experts} against the dense model: max |logit difference| {gap:.2e} "
+          f"over {len(check)} tokens", flush=True)  # fmt: skip
     dense_ppl = perplexity(dense, eval_ids, WINDOW)
     dense_flops = ffn_flops_per_token(config, num_experts, None)
     print(
@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "command": "python -m solutions moefy " + " ".join(argv if argv is not None else sys.argv[2:]),
         "machine": machine_name(),
-        "evaluation": f"first {len(eval_ids)} tokens of data/text/{EVALUATION_TEXT.name}, windows of {WINDOW}",
+        "evaluation": (
+            f"first {len(eval_ids)} tokens of data/text/{EVALUATION_TEXT.name}, windows of {WINDOW}"
+        ),
         "split": args.split,
         "k_equals_e_max_logit_gap": gap,
         "curve": curve,

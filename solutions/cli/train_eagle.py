@@ -34,7 +34,8 @@ def generate_responses(
     llm: LLM, prompts: list[dict], max_tokens: int, samples: int = 0, temperature: float = 0.8, seed: int = 0
 ) -> list[dict]:
     """The target's greedy answer to every prompt, then ``samples`` sampled ones each (prompt ``i``'s seeded
-    ``seed + 1000 * i``); each row gains ``token_ids`` (prompt + answer), ``prompt_len`` and ``temperature``."""
+    ``seed + 1000 * i``); each row gains ``token_ids`` (prompt + answer),
+    ``prompt_len`` and ``temperature``."""
     texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}]) for r in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
     runs = [(0, llm.generate(texts, greedy))]
@@ -115,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         "--data-fraction",
         type=float,
         default=1.0,
-        help="train on this share of the answers (a seeded random subset; the features pass still covers them "
-        "all, so --features-cache serves every share): how agreement scales with data",
+        help="train on this share of the answers (a seeded random subset; the features pass still covers "
+        "them all, so --features-cache serves every share): how agreement scales with data",
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "--features-cache",
         type=Path,
         default=None,
-        help="keep the target's features here (written once, read when its sequences match): skips a slow pass",
+        help="keep the target's features here (written once, read when its sequences match): "
+        "skips a slow pass",
     )
     parser.add_argument(
         "--reuse-responses",
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts = [row for path in args.prompts for row in read_prompts(path)]
         print(
-            f"generating {1 + args.samples} answers to each of {len(prompts)} prompts ({args.max_tokens} tokens max)"
+            f"generating {1 + args.samples} answers to each of {len(prompts)} prompts "
+            f"({args.max_tokens} tokens max)"
         )
         train_rows = generate_responses(
             llm, prompts, args.max_tokens, args.samples, args.temperature, args.seed
@@ -236,11 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         "file": args.out.name,
         "sha256": digest,
         "data": (
-            f"{len({r['prompt'] for r in train_rows})} prompts of {', '.join(p.name for p in args.prompts)} (chat, "
-            f"code, prose; written for this repo) answered by the bundled SmolLM2-135M-Instruct (float32, our "
-            f"engine, <= {args.max_tokens} tokens), greedily and {args.samples}x at temperature {args.temperature}: "
-            f"{len(train_rows)} answers, {sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in "
-            "responses.jsonl"
+            f"{len({r['prompt'] for r in train_rows})} prompts of {', '.join(p.name for p in args.prompts)} "
+            "(chat, code, prose; written for this repo) answered by the bundled SmolLM2-135M-Instruct "
+            f"(float32, our engine, <= {args.max_tokens} tokens), "
+            f"greedily and {args.samples}x at temperature {args.temperature}: {len(train_rows)} answers, "
+            f"{sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in responses.jsonl"
         ),
         "settings": {
             k: (_relative(v) if isinstance(v, Path) else [_relative(p) for p in v] if k == "prompts" else v)

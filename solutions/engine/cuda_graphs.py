@@ -2,14 +2,15 @@
 
 A decode step launches hundreds of small kernels; launched one by one from Python, the GPU waits for the host
 between them. A CUDA graph records the launches of one forward pass once and replays them with one call. Its
-inputs and outputs are fixed addresses, so each graph serves one batch size: graphs are captured at start-up for
-a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to ``max_num_seqs``), largest first into
-one shared memory pool, and a step of ``n`` decodes replays the smallest bucket ``>= n`` with ``bucket - n``
-padding rows (which write no cache slot and read only the null block; their logits are dropped).
+inputs and outputs are fixed addresses, so each graph serves one batch size: graphs are captured at
+start-up for a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to ``max_num_seqs``),
+largest first into one shared memory pool, and a step of ``n`` decodes replays the smallest
+bucket ``>= n`` with ``bucket - n`` padding rows (which write no cache slot and read only the null
+block; their logits are dropped).
 
-The capture and replay logic does not depend on CUDA: ``RecordedCall`` stands in for ``torch.cuda.CUDAGraph`` on a
-CPU (capture records the function over the static buffers, replay calls it again), so tests check that graphs
-replay exactly what eager steps compute.
+The capture and replay logic does not depend on CUDA: ``RecordedCall`` stands in for ``torch.cuda.CUDAGraph``
+on a CPU (capture records the function over the static buffers, replay calls it again), so tests check that
+graphs replay exactly what eager steps compute.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ log = logging.getLogger("fastmode")
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
-    """The batch sizes that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ..., ending at ``max_num_seqs``."""
+    """The batch sizes that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ...,
+    ending at ``max_num_seqs``."""
     buckets = [b for b in (1, 2, 4) if b < max_num_seqs]
     size = 8
     while size < max_num_seqs:
@@ -53,8 +55,9 @@ class CudaGraph:
 
 
 class RecordedCall:
-    """The CPU stand-in for ``CudaGraph``: capture keeps ``fn`` and its output tensor; replay runs ``fn`` again
-    (reading the same static input buffers) and writes the result into that same tensor, as a graph would."""
+    """The CPU stand-in for ``CudaGraph``: capture keeps ``fn`` and its output tensor;
+    replay runs ``fn`` again (reading the same static input buffers) and writes the result into that
+    same tensor, as a graph would."""
 
     def __init__(self, pool=None):
         self.fn: Callable[[], torch.Tensor] | None = None
@@ -70,9 +73,9 @@ class RecordedCall:
 
 
 class DecodeGraphs:
-    """One captured decode forward per batch bucket. ``forward(bucket)`` runs the model on the static inputs of
-    that bucket and returns its logits ``[bucket, vocab]``; ``warm_up(bucket)`` fills the inputs with a valid
-    batch (padding rows only) first, since a graph records the kernels its first run chooses."""
+    """One captured decode forward per batch bucket. ``forward(bucket)`` runs the model on the static inputs
+    of that bucket and returns its logits ``[bucket, vocab]``; ``warm_up(bucket)`` fills the inputs with a
+    valid batch (padding rows only) first, since a graph records the kernels its first run chooses."""
 
     def __init__(
         self,
@@ -103,7 +106,8 @@ class DecodeGraphs:
             )
 
     def bucket_for(self, batch: int) -> int | None:
-        """The smallest bucket that holds ``batch`` decodes, or None when the batch is larger than every graph."""
+        """The smallest bucket that holds ``batch`` decodes, or None when the batch
+        is larger than every graph."""
         return next((b for b in self.buckets if b >= batch), None)
 
     def replay(self, bucket: int) -> torch.Tensor:

@@ -27,7 +27,8 @@ class IncrementalDetokenizer:
         self.emitted = 0
 
     def add(self, token_id: int) -> str | None:
-        """Decode one more token; returns the stop string it completed (the text is cut before it), else None."""
+        """Decode one more token; returns the stop string it completed
+        (the text is cut before it), else None."""
         chunk = self.stream.step(self.tokenizer, token_id)
         if not chunk:
             return None

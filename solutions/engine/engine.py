@@ -1,11 +1,11 @@
 """The engine loop: ``add_request`` queues work; each ``step()`` schedules, runs the model once, samples,
 appends, and returns what advanced.
 
-    step():  plan = scheduler.schedule()                 which requests run how many tokens (no tensors)
-             out = runner.execute(plan)                  one flat forward pass over every scheduled token
-             tokens = sampler(out.logits)                one batched draw on the device (or a verifier, Lesson 4),
-                                                         read back with the step's one device-to-host copy
-             update(request, tokens)                     append any number of tokens, stop rules, free blocks
+    step():  plan = scheduler.schedule()           which requests run how many tokens (no tensors)
+             out = runner.execute(plan)            one flat forward pass over every scheduled token
+             tokens = sampler(out.logits)          one batched draw on the device (or a verifier, Lesson 4),
+                                                   read back with the step's one device-to-host copy
+             update(request, tokens)               append any number of tokens, stop rules, free blocks
              return snapshots of the requests that advanced
 """
 
@@ -104,10 +104,11 @@ class Engine:
     def _allocate_kv_cache(self) -> PagedKVCache:
         """Size the paged cache from the budget; fail now if one ``max_model_len`` sequence cannot fit.
 
-        The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache: torch's fused
-        CPU attention runs several times slower in bfloat16 than in float32 for one decode query over 64-1024
-        keys, and the K/V are a small share of a decode step's bytes at this model's size. Its heads are the
-        model's own: under tensor parallelism, this rank's KV heads (every rank holds the same blocks)."""
+        The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache:
+        torch's fused CPU attention runs several times slower in bfloat16 than in float32 for one decode
+        query over 64-1024 keys, and the K/V are a small share of a decode step's bytes at this model's size.
+        Its heads are the model's own: under tensor parallelism, this rank's KV heads (every rank holds
+        the same blocks)."""
         c, cfg = self.model.config, self.config
         dtype = self.model.norm.weight.dtype
         if dtype == torch.bfloat16 and not cfg.device.startswith("cuda"):
@@ -123,7 +124,8 @@ class Engine:
             graphs = 0 if cfg.enforce_eager else self._activation_bytes(cfg.max_num_seqs)
             budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
             log.info(
-                "GPU memory held back from the KV cache: %.0f MiB for a step's activations, %.0f MiB for graphs",
+                "GPU memory held back from the KV cache: "
+                "%.0f MiB for a step's activations, %.0f MiB for graphs",
                 activations / 2**20,
                 graphs / 2**20,
             )
@@ -134,10 +136,10 @@ class Engine:
         if num_blocks < blocks_per_seq + 1:  # + the null block
             needed = (blocks_per_seq + 1) * per_block
             raise ValueError(
-                f"the KV cache budget of {budget:,} bytes holds {num_blocks} blocks, but one sequence of "
-                f"max_model_len={self.max_model_len} tokens needs {needed:,} bytes ({blocks_per_seq} blocks of "
-                f"{cfg.kv_block_size} tokens, {per_block:,} bytes each, plus the null block): raise "
-                f"kv_cache_memory to at least {needed:,} or lower max_model_len"
+                f"the KV cache budget of {budget:,} bytes holds {num_blocks} blocks, but one sequence "
+                f"of max_model_len={self.max_model_len} tokens needs {needed:,} bytes ({blocks_per_seq} "
+                f"blocks of {cfg.kv_block_size} tokens, {per_block:,} bytes each, plus the null block): "
+                f"raise kv_cache_memory to at least {needed:,} or lower max_model_len"
             )
         log.info(
             "KV cache: %d blocks of %d tokens (%.0f MiB); %.1f sequences of max_model_len=%d fit",
@@ -181,9 +183,11 @@ class Engine:
         arrival_time: float | None = None,
         stream: bool = True,
     ) -> str:
-        """Queue one request; returns its id (``request_id`` if given: it must not be in use). ``arrival_time``
-        (``time.perf_counter()`` seconds, default now) is when the request reached the system, for its metrics.
-        ``stream``: ``step`` reports the request each time it gains tokens (deltas); False: only when finished."""
+        """Queue one request; returns its id (``request_id`` if given: it must not be in use).
+        ``arrival_time`` (``time.perf_counter()`` seconds, default now) is when the request
+        reached the system, for its metrics.
+        ``stream``: ``step`` reports the request each time it gains tokens
+        (deltas); False: only when finished."""
         return self.add_requests([prompt], [params], [request_id], arrival_time, stream)[0]
 
     def add_requests(
@@ -213,7 +217,8 @@ class Engine:
         """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
         if self.tokenizer is None and (isinstance(prompt, str) or getattr(params, "stop", None)):
             raise ValueError(
-                "this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token ids, without stop strings"
+                "this engine has no tokenizer (skip_tokenizer_init=True): "
+                "give prompts as token ids, without stop strings"
             )
         if isinstance(prompt, str):
             if not prompt:
@@ -256,7 +261,8 @@ class Engine:
         return request
 
     def abort(self, request_ids: str | list[str]) -> None:
-        """Drop unfinished requests (a stream closed early, a client gone) and free all their blocks at once."""
+        """Drop unfinished requests (a stream closed early, a client gone) and
+        free all their blocks at once."""
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
             group = self.groups.pop(request_id, None)
             for request in group.requests if group else []:

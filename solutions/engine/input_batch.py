@@ -9,10 +9,12 @@ Each running request owns one row of host arrays that live as long as it runs::
 A step writes only what changed (the tokens sampled since the last step, a table the cache manager touched),
 then derives the step's flat arrays with a few numpy operations, never a Python loop over tokens::
 
-    input_ids[T] positions[T] slot_mapping[T] logits_indices[N] | query_start_loc[B+1] seq_lens[B] block_table[B, W]
+    input_ids[T] positions[T] slot_mapping[T] logits_indices[N] |
+    query_start_loc[B+1] seq_lens[B] block_table[B, W]
 
-All of them are int32 and packed, in that order, at the front of one pinned host buffer, so one non-blocking copy
-sends the step's inputs to the device (on a CPU the "device" buffer is the host buffer itself: no copy at all).
+All of them are int32 and packed, in that order, at the front of one pinned host buffer, so one
+non-blocking copy sends the step's inputs to the device (on a CPU the "device" buffer is the host
+buffer itself: no copy at all).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ if TYPE_CHECKING:
 class StagingBuffer:
     """A host buffer (pinned when the device is CUDA) and its device twin.
 
-    Write the host side through ``numpy`` (a view, no copy), then ``send(n)`` copies its first ``n`` entries with
-    one non-blocking copy and returns the device view. Invariant: the host side is not written again until the
-    previous copy has run; the engine reads its step's results (a sync) before it prepares the next step.
+    Write the host side through ``numpy`` (a view, no copy), then ``send(n)`` copies its first ``n``
+    entries with one non-blocking copy and returns the device view. Invariant: the host side is
+    not written again until the previous copy has run; the engine reads its step's results (a sync)
+    before it prepares the next step.
     """
 
     def __init__(self, size: int, dtype: torch.dtype, device: torch.device):
@@ -53,8 +56,8 @@ class StagingBuffer:
 @dataclass(frozen=True)
 class StepLayout:
     """Where each of a step's arrays sits in the packed buffer, for ``T`` tokens, ``N`` logits rows, ``B``
-    sequences and block tables ``W`` wide. A decode graph for ``b`` sequences always uses ``StepLayout(b, b, b,
-    max_blocks)``, so its inputs sit at the same addresses at every replay."""
+    sequences and block tables ``W`` wide. A decode graph for ``b`` sequences always uses
+    ``StepLayout(b, b, b, max_blocks)``, so its inputs sit at the same addresses at every replay."""
 
     num_tokens: int
     num_logits: int
@@ -71,7 +74,8 @@ class StepLayout:
         return sum(self.sizes)
 
     def split(self, buffer: np.ndarray | torch.Tensor) -> list:
-        """The arrays (views of ``buffer``): ids, positions, slots, logits rows, query starts, seq lens, table."""
+        """The arrays (views of ``buffer``): ids, positions, slots, logits rows,
+        query starts, seq lens, table."""
         views, start = [], 0
         for size in self.sizes:
             views.append(buffer[start : start + size])
@@ -85,9 +89,9 @@ class StepLayout:
 class StepInputs:
     """One step's inputs on the model's device (views of the packed buffer) and what the host keeps of them.
 
-    ``rows[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request whose step
-    reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when verifying ``k``
-    drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads them).
+    ``rows[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request whose
+    step reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when verifying
+    ``k`` drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads them).
     """
 
     layout: StepLayout
@@ -109,9 +113,9 @@ class InputBatch:
     """One row per running request, kept across steps; ``prepare`` turns a plan into ``StepInputs``.
 
     Invariants: ``row_of`` maps each request with a row to it, and ``free_rows`` holds the rest; a row's
-    ``token_ids[:num_tokens_written]`` are its request's first tokens; ``block_table[row, :num_blocks]`` equals the
-    cache manager's table for it, and the rest of the row is 0 (the null block), unless its request id is in the
-    manager's pending changes (applied first thing in ``prepare``).
+    ``token_ids[:num_tokens_written]`` are its request's first tokens; ``block_table[row, :num_blocks]``
+    equals the cache manager's table for it, and the rest of the row is 0 (the null block), unless its request
+    id is in the manager's pending changes (applied first thing in ``prepare``).
     """
 
     def __init__(
@@ -183,8 +187,8 @@ class InputBatch:
         self.free_rows += range(2 * rows - 1, rows - 1, -1)
 
     def _write_tokens(self, row: int, request: Request, end: int, num_tokens: int) -> None:
-        """Make ``token_ids[row, :end]`` hold the request's tokens (drafts past ``num_tokens`` included: they are
-        rewritten each step, since a rejected draft's position later holds another token)."""
+        """Make ``token_ids[row, :end]`` hold the request's tokens (drafts past ``num_tokens`` included:
+        they are rewritten each step, since a rejected draft's position later holds another token)."""
         written = self.num_tokens_written[row]
         if end - written == 1 and end == num_tokens:  # a decode: its newest token
             outputs = request.output_token_ids
@@ -194,7 +198,8 @@ class InputBatch:
         self.num_tokens_written[row] = min(end, num_tokens)
 
     def _views(self, layout: StepLayout) -> tuple[list, list]:
-        """The host and device arrays of ``layout`` (made once per layout: a decode step reuses its bucket's)."""
+        """The host and device arrays of ``layout`` (made once per layout:
+        a decode step reuses its bucket's)."""
         views = self._layout_views.get(layout)
         if views is None:
             if len(self._layout_views) > 512:

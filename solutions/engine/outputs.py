@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """Wall-clock times (``time.perf_counter`` seconds) of one request, and the figures vLLM derives from them.
+    """Wall-clock times (``time.perf_counter`` seconds) of one request,
+    and the figures vLLM derives from them.
 
     queue time = first scheduled - arrival; TTFT = first token - arrival; TPOT = (finish - first token) /
     (output tokens - 1); ITL = the gaps between successive steps that gave the request tokens;

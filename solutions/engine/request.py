@@ -102,7 +102,8 @@ class Request:
 
 class RequestGroup:
     """One submitted prompt and its ``n`` completions; the metrics count every completion's tokens.
-    ``stop_token_ids``: the token ids that end a completion (the params' own, plus EOS unless ``ignore_eos``)."""
+    ``stop_token_ids``: the token ids that end a completion
+    (the params' own, plus EOS unless ``ignore_eos``)."""
 
     def __init__(
         self,

@@ -66,7 +66,8 @@ class ModelRunner:
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
         self._tokens_ready = torch.cuda.Event() if on_cuda else None
-        # Lesson 9: under tensor parallelism, sends each step (its block copies, inputs, packed buffer) to the workers.
+        # Lesson 9: under tensor parallelism, sends each step (its block copies, inputs,
+        # packed buffer) to the workers.
         self.step_broadcast: Callable[[list[tuple[int, int]], StepInputs, torch.Tensor], None] | None = None
 
     @torch.inference_mode()
@@ -128,7 +129,8 @@ class ModelRunner:
         return all(counts[r.request_id] == 1 and r.num_computed == r.num_tokens - 1 for r in plan.scheduled)
 
     def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
-        """``(rows of the tree in the flat batch, cache slots of its context, tree mask)`` per tree request."""
+        """``(rows of the tree in the flat batch, cache slots of its context, tree mask)``
+        per tree request."""
         specs = []
         starts = np.concatenate(
             [[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])]

@@ -61,7 +61,9 @@ class Scheduler:
         """Plan one step: running requests first, then waiting ones FCFS; preempt when blocks run out."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        # BEGIN SOLUTION Lab 3: running requests first, oldest first: each gets min(tokens it still needs, budget); preempt the newest running request while allocate_slots fails; then admit waiting requests FCFS while budget and max_num_seqs allow
+        # BEGIN SOLUTION Lab 3: running requests first, oldest first: each gets
+        #  min(tokens it still needs, budget); preempt the newest running request while allocate_slots fails;
+        #  then admit waiting requests FCFS while budget and max_num_seqs allow
         # HINT: Each step is planned afresh within a token budget and max_num_seqs. Running requests go
         #  first, oldest first (a decode needs one token, an unfinished prompt its next chunk); what is
         #  left of the budget admits waiting requests in order. When blocks run out the newest running

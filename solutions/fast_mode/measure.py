@@ -19,8 +19,9 @@ from torch import nn
 
 from ..bench.batching import BatchSpeed, measure_batch_speed
 from ..bench.step_split import linear_seconds, step_linears
+from ..llm import LLM
 from ..sampling_params import SamplingParams
-from ..speculative.acceptance import greedy_answers, teacher_forced_acceptance
+from ..speculative.acceptance import Acceptance, greedy_answers, teacher_forced_acceptance
 from ..speculative.drafter import EagleDrafter
 from ..speculative.eagle import SPEC_DIR, load_head
 from .planner import WeightFormat
@@ -35,7 +36,7 @@ def step_weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def measure_prefill_seconds(llm, prompt_tokens: int, repeats: int = 3, seed: int = 0) -> float:
+def measure_prefill_seconds(llm: LLM, prompt_tokens: int, repeats: int = 3, seed: int = 0) -> float:
     """Median TTFT of one lone ``prompt_tokens``-token prompt (random token ids, a new one each time, so the
     prefix cache never serves it), after one warm-up."""
     if prompt_tokens < 1:
@@ -51,7 +52,7 @@ def measure_prefill_seconds(llm, prompt_tokens: int, repeats: int = 3, seed: int
 
 
 def measure_weight_format(
-    llm,
+    llm: LLM,
     name: str,
     batch: int = 8,
     new_tokens: int = 16,
@@ -102,7 +103,7 @@ def measure_weight_format(
 
 def measure_drafting(
     model: nn.Module, depth: int, tree_nodes: int = 0, tree_top_k: int = 4, answers: int = 2
-):
+) -> Acceptance:
     """``speculative.acceptance.Acceptance`` (teacher-forced tau, ``draft_seconds`` per step) of the shipped
     EAGLE head drafting a chain of ``depth`` (``tree_nodes == 0``) or a tree of ``tree_nodes`` nodes ``depth``
     deep, on the first ``answers`` held-back greedy answers (``data/spec/heldout_responses.jsonl``)."""

@@ -173,7 +173,8 @@ def predict(fmt: WeightFormat, speculation: Speculation, batch: int, prompt_toke
     """What ``batch`` sequences decoding together with ``speculation`` on ``fmt`` get (module docstring)."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    # BEGIN SOLUTION Lab 7: a step computes batch * verify_rows rows; each user gains tau tokens per step plus drafting; aggregate = batch * per-user; TTFT = prefill + one step
+    # BEGIN SOLUTION Lab 7: a step computes batch * verify_rows rows; each user gains tau tokens per step plus
+    #  drafting; aggregate = batch * per-user; TTFT = prefill + one step
     # HINT: Two traps. A verify pass computes every sequence's root and drafts, batch * verify_rows rows,
     #  not batch rows. And a pass gains tau tokens per user, not one: drafts pay only if tau outgrows their
     #  cost.
@@ -188,7 +189,9 @@ def predict(fmt: WeightFormat, speculation: Speculation, batch: int, prompt_toke
 
 def choose_fast_mode(target: LatencyTarget, profile: MachineProfile) -> FastModeConfig:
     """The cheapest configuration that meets ``target`` on ``profile``'s machine (the module's docstring)."""
-    # BEGIN SOLUTION Lab 7: predict every format x profile.drafters(format) x batch cap; of those meeting both targets keep the highest aggregate (ties: faster per user); if none meets, the fastest per user
+    # BEGIN SOLUTION Lab 7: predict every format x profile.drafters(format) x batch cap;
+    #  of those meeting both targets keep the highest aggregate (ties: faster per user);
+    #  if none meets, the fastest per user
     # HINT: The trap is the fast mode for everyone: the fastest configuration per user is rarely the cheapest
     #  one that is fast enough. Among those that meet the target, compare aggregate throughput, which is
     #  what sets the price per token; and check TTFT too, not just tokens/s.

@@ -43,11 +43,14 @@ def gqa_attention(
     are padding and masked, and causal alignment uses ``kv_lens[b]`` in place of ``Lk``.
     Softmax runs in float32; the result has q's dtype and shape.
     """
-    # BEGIN SOLUTION Lab 0: softmax(q k^T * scale + mask) v, where query head h reads K/V head h // (Hq // Hkv)
-    # HINT: First make it right: repeat K and V's heads (repeat_interleave(group, dim=1)) and it is plain attention.
-    #  Then drop the copy: view q as [B, Hkv, group * Lq, D] so each K/V head serves its group in one matmul.
-    # HINT: Masks, filled with -inf before the softmax: key j is padding when j >= kv_lens[b]; causal is bottom-right,
-    #  query i sees keys j <= i + (len_b - Lq), len_b = kv_lens[b] or Lk. Softmax in float32, cast to v's dtype.
+    # BEGIN SOLUTION Lab 0: softmax(q k^T * scale + mask) v, where query head h
+    #  reads K/V head h // (Hq // Hkv)
+    # HINT: First make it right: repeat K and V's heads (repeat_interleave(group, dim=1)) and it
+    #  is plain attention. Then drop the copy: view q as [B, Hkv, group * Lq, D] so each K/V head
+    #  serves its group in one matmul.
+    # HINT: Masks, filled with -inf before the softmax: key j is padding when j >= kv_lens[b];
+    #  causal is bottom-right, query i sees keys j <= i + (len_b - Lq), len_b = kv_lens[b] or Lk.
+    #  Softmax in float32, cast to v's dtype.
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     group = q_heads // kv_heads

@@ -106,7 +106,7 @@ class _Exported(torch.nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: torch.Tensor):
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self.fn(*args)
 
 

@@ -3,9 +3,10 @@
 A decode step is a chain of matrix-vector products, and which of torch's CPU routes streams the
 weights fastest depends on the CPU: eager ``F.linear`` (MKL) is the fastest route on one x86 machine
 and reads less than half of what oneDNN's prepacked product reads on another (``bench decode`` prints every
-route's GB/s per shape; the README gives two machines). So nothing is assumed: for each weight shape of the model and each regime of rows per call
-(``decode``: 1 row; ``batch``: a few sequences decoding together; ``prefill``: a prompt's tokens),
-every candidate path is timed on the model's own weights and the fastest one is kept.
+route's GB/s per shape; the README gives two machines). So nothing is assumed: for each weight
+shape of the model and each regime of rows per call (``decode``: 1 row; ``batch``: a few sequences
+decoding together; ``prefill``: a prompt's tokens), every candidate path is timed on the model's own
+weights and the fastest one is kept.
 
 Candidate paths (each stores the weight in the layout it needs):
 
@@ -100,7 +101,8 @@ PATHS: dict[str, LinearPath] = {
 
 
 class CpuLinear(nn.Linear):
-    """``nn.Linear`` that runs the path chosen for its shape in each regime (``choices``: regime -> path name)."""
+    """``nn.Linear`` that runs the path chosen for its shape in each regime
+    (``choices``: regime -> path name)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, choices: dict[str, str]):
         nn.Module.__init__(self)
@@ -129,7 +131,8 @@ class CpuLinear(nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
     def stored(self, path: str) -> torch.Tensor:
-        """The weight in ``path``'s layout, made on first use and remade after an in-place edit of ``weight``."""
+        """The weight in ``path``'s layout, made on first use and remade after an
+        in-place edit of ``weight``."""
         version = self.weight._version
         entry = self._stored.get(path)
         if entry is None or entry[0] != version:
@@ -139,7 +142,8 @@ class CpuLinear(nn.Linear):
         return entry[1]
 
     def __deepcopy__(self, memo: dict) -> CpuLinear:
-        """A copy with its own weight; derived layouts (oneDNN's opaque tensors cannot be copied) are remade."""
+        """A copy with its own weight;
+        derived layouts (oneDNN's opaque tensors cannot be copied) are remade."""
         copy = CpuLinear.__new__(CpuLinear)
         memo[id(self)] = copy
         state = {k: v for k, v in self.__dict__.items() if k != "_stored"}
@@ -173,8 +177,8 @@ def cpu_model() -> str:
 
 
 def machine_key(candidates: dict[str, object] | None = None) -> dict[str, object]:
-    """What a decision depends on: the CPU, torch's build and threads, and the ``candidates`` compared (default:
-    this file's paths and regimes; ``model/cpu_layer_ops.py`` passes its own)."""
+    """What a decision depends on: the CPU, torch's build and threads, and the ``candidates`` compared
+    (default: this file's paths and regimes; ``model/cpu_layer_ops.py`` passes its own)."""
     info = _cpu_info()
     flags = info.get("flags") or info.get("Features", "")
     return {
@@ -196,7 +200,8 @@ def shape_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
 
 
 def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
-    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every regime, with names from ``paths``."""
+    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every
+    regime, with names from ``paths``."""
     if not isinstance(entry, dict) or set(entry) != REGIMES.keys():
         return False
     for pick in entry.values():
@@ -216,8 +221,9 @@ def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
 def read_decisions(
     path: Path | None = None, machine: dict[str, object] | None = None, paths: Iterable[str] = PATHS
 ) -> dict[str, dict]:
-    """The cached decisions for this machine (``machine``: a ``machine_key``, default this file's), or ``{}`` if the
-    file is missing, unreadable, malformed or stale. An entry naming a path outside ``paths`` is dropped."""
+    """The cached decisions for this machine (``machine``: a ``machine_key``, default this file's),
+    or ``{}`` if the file is missing, unreadable, malformed or stale. An entry naming a path
+    outside ``paths`` is dropped."""
     path = path or cache_path()
     try:
         data = json.loads(path.read_text())
@@ -280,8 +286,9 @@ def seconds_per_call(calls: list[Callable[[], object]]) -> float:
 
 
 def fastest_rounds(calls: dict[str, list[Callable[[], object]]], rounds: int = ROUNDS) -> dict[str, float]:
-    """Seconds per call of each candidate's ``calls``: rounds alternate between the candidates and each keeps its
-    fastest round, so a burst of load from other processes does not decide. One warm-up pass each first."""
+    """Seconds per call of each candidate's ``calls``: rounds alternate between the candidates
+    and each keeps its fastest round, so a burst of load from other processes does not decide.
+    One warm-up pass each first."""
     for fns in calls.values():
         seconds_per_call(fns)  # warm up: first-call set-up, page faults
     best = {name: float("inf") for name in calls}
@@ -293,8 +300,8 @@ def fastest_rounds(calls: dict[str, list[Callable[[], object]]], rounds: int = R
 
 @torch.no_grad()
 def measure_shape(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, dict]:
-    """Time every supported path on ``weights`` (same shape and dtype) in each regime: ``{regime: {path, us}}``,
-    the winner's name and every path's microseconds per call.
+    """Time every supported path on ``weights`` (same shape and dtype) in each regime:
+    ``{regime: {path, us}}``, the winner's name and every path's microseconds per call.
 
     The weights are cycled through (up to ``WORKING_SET_BYTES``, at least two) so that each call reads
     its weight from memory, as a decode step does, not from a cache that the previous call warmed.
@@ -350,7 +357,8 @@ def cached_decisions(
 ) -> dict[str, dict]:
     """Every cached decision, plus ``measures[key]()`` for each key the cache lacks (then written back).
 
-    ``path``, ``machine`` and ``paths`` name another cache (default: this file's), as ``read_decisions`` takes them.
+    ``path``, ``machine`` and ``paths`` name another cache (default: this file's),
+    as ``read_decisions`` takes them.
     """
     path = path or cache_path()
     decisions = read_decisions(path, machine, paths) if use_cache else {}
@@ -411,8 +419,8 @@ def use_fastest_linears(model: nn.Module, use_cache: bool = True) -> dict[str, d
 def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
     """Replace each ``nn.Linear`` of ``model`` by a ``CpuLinear`` running the paths ``decisions`` name for its
     shape (``$FASTMODE_CPU_LINEAR``'s path when set); a shape they do not name keeps ``F.linear``. Kept as
-    ``model.linear_decisions``. A tensor-parallel worker takes rank 0's decisions here instead of measuring: it
-    runs fewer threads than rank 0, so its timings would be filed under another machine key."""
+    ``model.linear_decisions``. A tensor-parallel worker takes rank 0's decisions here instead of measuring:
+    it runs fewer threads than rank 0, so its timings would be filed under another machine key."""
     forced = forced_choices()
     for parent, child_name, linear in list(_linears(model)):
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
@@ -437,8 +445,8 @@ def decisions_line(decisions: dict[str, dict]) -> str:
 
 
 def fastest_linear(weight: torch.Tensor, use_cache: bool = True) -> CpuLinear:
-    """A bias-free ``CpuLinear`` computing ``x @ weight.T`` by the paths measured fastest for ``weight``'s shape
-    (``[out, in]``, shared, frozen): for a matrix held as a tensor rather than in an ``nn.Linear``."""
+    """A bias-free ``CpuLinear`` computing ``x @ weight.T`` by the paths measured fastest for ``weight``'s
+    shape (``[out, in]``, shared, frozen): for a matrix held as a tensor rather than in an ``nn.Linear``."""
     holder = nn.Module()
     holder.linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     holder.linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
@@ -460,7 +468,8 @@ def rates(key: str, regime: str, us: float) -> tuple[float, float]:
 
 
 def summary(decisions: dict[str, dict]) -> list[str]:
-    """One line per shape and regime: the winner, then each path's GB/s (decode, batch) or GFLOP/s (prefill)."""
+    """One line per shape and regime: the winner, then each path's GB/s
+    (decode, batch) or GFLOP/s (prefill)."""
     lines = []
     for key, entry in decisions.items():
         for regime, pick in entry.items():

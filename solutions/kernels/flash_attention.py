@@ -35,13 +35,15 @@ def online_softmax_update(
     """One key block of the online softmax, in plain torch (natural-log scores).
 
     Invariant on entry and exit: ``acc / denom[:, None]`` is softmax attention over the keys seen so far, with
-    ``denom = sum exp(s - m)`` and ``m`` the row max so far. ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
+    ``denom = sum exp(s - m)`` and ``m`` the row max so far.
+    ``s`` ``[M, N]`` are this block's scores, ``v`` ``[N, D]``.
     """
-    # BEGIN SOLUTION Lab 1: fold this block into the running max m, sum denom and output acc (what came before needs rescaling)
+    # BEGIN SOLUTION Lab 1: fold this block into the running max m, sum denom and output acc
+    #  (what came before needs rescaling)
     # HINT: The new max is m' = max(m, rowmax(s)). denom and acc were sums of exp(score - m): multiply them by
     #  exp(m - m') to make them relative to m', then add this block's exp(s - m') summed, and exp(s - m') @ v.
-    # HINT: A row whose keys so far are all masked has m' = -inf, and exp(-inf - (-inf)) is NaN: where m' is -inf,
-    #  subtract 0 instead (torch.where); the row's exp terms are then all 0, as they should be.
+    # HINT: A row whose keys so far are all masked has m' = -inf, and exp(-inf - (-inf)) is NaN: where m' is
+    #  -inf, subtract 0 instead (torch.where); the row's exp terms are then all 0, as they should be.
     m_new = torch.maximum(m, s.amax(dim=1))
     # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids inf - inf = nan.
     m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
@@ -61,7 +63,8 @@ def _dot(a, b):
 def _online_softmax_step(m_i, l_i, acc, s, v):
     """The kernel's copy of ``online_softmax_update`` on base-2 scores ``s`` [BLOCK_M, BLOCK_N]."""
     # BEGIN SOLUTION Lab 1: online_softmax_update again, in Triton, on base-2 scores
-    # HINT: tl.maximum, tl.max(s, 1), tl.math.exp2, tl.sum(p, 1) and tl.where give the same update; keep the -inf guard.
+    # HINT: tl.maximum, tl.max(s, 1), tl.math.exp2, tl.sum(p, 1) and tl.where give the same update;
+    #  keep the -inf guard.
     # HINT: p @ v is _dot(p.to(v.dtype), v) (this file's tl.dot, exact in float32): both operands in one
     #  dtype, and acc stays float32.
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -127,9 +130,11 @@ def _flash_fwd(
     hi = k_len
     if CAUSAL:
         hi = tl.minimum(k_len, (start_m + 1) * BLOCK_M + shift)
-    # BEGIN SOLUTION Lab 1: loop over key blocks up to hi: load a K and a V tile, score, mask, update (m_i, l_i, acc)
-    # HINT: for start_n in range(0, hi, BLOCK_N): the block's key rows are cols = start_n + offs_n; load tiles like q
-    #  (k_base + cols[:, None] * stride_kn + offs_d[None, :]) with mask=cols[:, None] < k_len, other=0.0.
+    # BEGIN SOLUTION Lab 1: loop over key blocks up to hi:
+    #  load a K and a V tile, score, mask, update (m_i, l_i, acc)
+    # HINT: for start_n in range(0, hi, BLOCK_N): the block's key rows are cols = start_n + offs_n;
+    #  load tiles like q (k_base + cols[:, None] * stride_kn + offs_d[None, :]) with
+    #  mask=cols[:, None] < k_len, other=0.0.
     # HINT: s = _dot(q, tl.trans(k)) * qk_scale (_dot: tl.dot, exact in float32); a key is visible if
     #  cols < k_len and, when CAUSAL, cols <= offs_m + shift; s = tl.where(visible, s, float('-inf')), then
     #  m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
@@ -202,7 +207,8 @@ _flash_fwd_tuned = TunedKernel(
 
 
 def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Stride-1 last dims; on CPU, bf16 inputs go in as float32, as the interpreter's numpy has no bfloat16."""
+    """Stride-1 last dims; on CPU, bf16 inputs go in as float32,
+    as the interpreter's numpy has no bfloat16."""
     dtype = torch.float32 if tensors[0].device.type != "cuda" and tensors[0].dtype == torch.bfloat16 else None
     tensors = tuple(t if dtype is None else t.to(dtype) for t in tensors)
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
@@ -259,7 +265,8 @@ def flash_attention_varlen(
     causal: bool,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention over packed sequences: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, offsets ``[B + 1]`` (module doc).
+    """Attention over packed sequences: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``,
+    offsets ``[B + 1]`` (module doc).
 
     Each sequence attends only to its own keys; causal alignment is bottom-right per sequence.
     ``max_seqlen_q`` sizes the grid (the longest query run).
@@ -274,7 +281,8 @@ def flash_attention_varlen(
     _check_head_dim(q.shape[-1])
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.dim() != 1:
         raise ValueError(
-            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} must be [B + 1]"
+            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+            f"{tuple(cu_seqlens_k.shape)} must be [B + 1]"
         )
     q_heads, head_dim = q.shape[1], q.shape[2]
     batch = cu_seqlens_q.numel() - 1

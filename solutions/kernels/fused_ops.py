@@ -23,9 +23,9 @@ paged attention, counted by ``python -m solutions bench kernels`` on a GPU::
 
 (a GEMM is one cuBLAS kernel, or two where cuBLAS splits K and reduces apart).
 
-All kernels take CUDA tensors (compiled) or CPU tensors (through the interpreter: ``TRITON_INTERPRET=1``, which
-``import solutions`` sets on a machine without a GPU). Inputs need stride 1 in their last dim; the outputs are new, contiguous tensors, except where a
-kernel writes in place as documented.
+All kernels take CUDA tensors (compiled) or CPU tensors (through the interpreter: ``TRITON_INTERPRET=1``,
+which ``import solutions`` sets on a machine without a GPU). Inputs need stride 1 in their last dim;
+the outputs are new, contiguous tensors, except where a kernel writes in place as documented.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from .blocks import cdiv
 
 @triton.jit
 def _rounded(x, DTYPE: tl.constexpr):
-    """float32 ``x`` rounded to ``DTYPE`` (to nearest, ties to even) and back: where torch rounds a value. Every
-    half-precision store goes through it, so the store itself converts exactly. bfloat16 is rounded by bit
-    arithmetic: the Triton interpreter's own float32 -> bfloat16 cast truncates."""
+    """float32 ``x`` rounded to ``DTYPE`` (to nearest, ties to even) and back: where torch rounds a value.
+    Every half-precision store goes through it, so the store itself converts exactly. bfloat16 is rounded by
+    bit arithmetic: the Triton interpreter's own float32 -> bfloat16 cast truncates."""
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000

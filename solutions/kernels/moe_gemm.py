@@ -286,7 +286,8 @@ def fused_moe_triton(
 def fused_moe_torch(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
 ) -> torch.Tensor:
-    """The MoE layer in torch: rows sorted by expert, one matmul per non-empty expert on its slice, scatter-add back."""
+    """The MoE layer in torch: rows sorted by expert, one matmul per non-empty expert on
+    its slice, scatter-add back."""
     tokens, top_k = experts.shape
     flat = experts.flatten()
     order = torch.argsort(flat, stable=True)
@@ -328,7 +329,8 @@ def fused_moe(
 def moe_per_expert_loop(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
 ) -> torch.Tensor:
-    """The baseline the kernel must beat (Hugging Face Mixtral's loop): per expert, find its tokens, run, add back."""
+    """The baseline the kernel must beat (Hugging Face Mixtral's loop):
+    per expert, find its tokens, run, add back."""
     out = torch.zeros_like(x)
     for expert in range(w13.shape[0]):
         token, slot = torch.where(experts == expert)

@@ -35,7 +35,8 @@ class Permutation:
 
 
 def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
-    """Group the assignments ``experts`` ``[T, k]`` by expert, each group padded to a multiple of ``block``."""
+    """Group the assignments ``experts`` ``[T, k]`` by expert, each group padded
+    to a multiple of ``block``."""
     if experts.dim() != 2:
         raise ValueError(f"experts must be [tokens, top_k], got shape {tuple(experts.shape)}")
     if block < 1:
@@ -43,7 +44,8 @@ def permute(experts: torch.Tensor, num_experts: int, block: int) -> Permutation:
     num_assignments = experts.numel()
     worst_rows = num_assignments + num_experts * (block - 1)
     num_rows = cdiv(worst_rows, block) * block
-    # BEGIN SOLUTION Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count; scatter the ids there, fill the rest with T*k; one expert id per block
+    # BEGIN SOLUTION Lab 5: stable-sort the flat expert ids; each group starts at the padded cumulative count;
+    #  scatter the ids there, fill the rest with T*k; one expert id per block
     # HINT: A grouped GEMM multiplies a tile of BLOCK rows by one expert's weights, so the T * k assignments
     #  are sorted by expert, each expert's group starts on a block boundary (padded to a multiple of
     #  block), and each block records its expert.

@@ -1,6 +1,6 @@
-"""The CPU paths of the paged-KV kernels, in plain torch: ``store_kv_torch`` writes a step's K/V into their slots,
-``paged_attention_torch`` attends through block tables. Semantics are those of ``store_kv.store_kv`` and
-``paged_attention.paged_attention``."""
+"""The CPU paths of the paged-KV kernels, in plain torch: ``store_kv_torch`` writes a step's K/V into their
+slots, ``paged_attention_torch`` attends through block tables. Semantics are those of ``store_kv.store_kv``
+and ``paged_attention.paged_attention``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def check_store_kv_inputs(
 
 
 def check_slots_fit(slot_mapping: torch.Tensor, num_slots: int) -> None:
-    """Raise a ValueError naming the slot if one is past the cache's last row (reads the values: CPU tensors)."""
+    """Raise a ValueError naming the slot if one is past the cache's last row
+    (reads the values: CPU tensors)."""
     if slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot {int(slot_mapping.max())} is past the cache's last row ({num_slots - 1})")
 
@@ -77,8 +78,8 @@ def kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.T
 def write_slots(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
 ) -> None:
-    """Token ``i``'s K/V into cache row ``slots[i]`` (int64, every slot valid: no checks here, the callers check
-    once), through ``index_copy_`` into the caches viewed as ``[num_slots, Hkv, D]``."""
+    """Token ``i``'s K/V into cache row ``slots[i]`` (int64, every slot valid: no checks here, the callers
+    check once), through ``index_copy_`` into the caches viewed as ``[num_slots, Hkv, D]``."""
     for cache, new in ((k_cache, k), (v_cache, v)):
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, new.to(cache.dtype))
 
@@ -95,13 +96,15 @@ def paged_attention_torch(
     max_seq_len: int,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention of a flat, variable-length batch over a paged KV cache: the CPU path. Cache rows outside every
-    context must hold finite values (the engine zero-initialises the cache): they are masked, not skipped.
+    """Attention of a flat, variable-length batch over a paged KV cache: the CPU path.
+    Cache rows outside every context must hold finite values (the engine zero-initialises the
+    cache): they are masked, not skipped.
 
-    q ``[T, Hq, D]``; k_cache, v_cache ``[num_blocks, block_size, Hkv, D]``; ``block_table`` ``[B, max_blocks]``;
-    sequence ``b`` owns query rows ``query_start_loc[b] : query_start_loc[b + 1]``, which are the last tokens of
-    its ``seq_lens[b]`` tokens (causal, aligned bottom-right). Token ``p``'s K/V sit in block
-    ``block_table[b, p // block_size]`` at offset ``p % block_size``. Returns ``[T, Hq, D]`` in q's dtype.
+    q ``[T, Hq, D]``; k_cache, v_cache ``[num_blocks, block_size, Hkv, D]``; ``block_table``
+    ``[B, max_blocks]``; sequence ``b`` owns query rows ``query_start_loc[b] : query_start_loc[b + 1]``,
+    which are the last tokens of its ``seq_lens[b]`` tokens (causal, aligned bottom-right).
+    Token ``p``'s K/V sit in block ``block_table[b, p // block_size]`` at offset ``p % block_size``.
+    Returns ``[T, Hq, D]`` in q's dtype.
 
     One call = one ``TorchPagedStep`` (the step's index work) + its ``attend`` (the per-layer work).
     """
@@ -116,21 +119,22 @@ class TorchPagedStep:
     reused by every layer (a layer then runs two gathers, one fused attention call per group, and a scatter).
 
     Each sequence's blocks are gathered into one contiguous ``[Hkv, L, D]`` view of its context, then torch's
-    fused ``scaled_dot_product_attention`` attends without materialising a score matrix. Sequences with a single
-    query (decodes) form one batch; the others (prefill chunks, draft verification) are padded to the longest
-    of them and form a second. Decodes are sorted by context length and split into a few buckets, each padded
-    to its own longest context (less padding to gather and to attend over). Masks are additive tensors made
-    here, once. Without padding to hide (one decode, or one prompt computed from its first token) no mask is
-    used at all: the decode's keys are cut to its length, the prompt runs ``is_causal``.
+    fused ``scaled_dot_product_attention`` attends without materialising a score matrix. Sequences with a
+    single query (decodes) form one batch; the others (prefill chunks, draft verification) are padded to the
+    longest of them and form a second. Decodes are sorted by context length and split into a few buckets, each
+    padded to its own longest context (less padding to gather and to attend over). Masks are additive tensors
+    made here, once. Without padding to hide (one decode, or one prompt computed from its first token) no mask
+    is used at all: the decode's keys are cut to its length, the prompt runs ``is_causal``.
 
-    The gathers write into buffers made by the first layer and reused by every later one: a fresh multi-megabyte
-    tensor per layer costs the allocator's page faults as well as the copy (measured 2-3x slower on CPU). A lone
-    prompt whose blocks are consecutive in the cache is not gathered at all: its context is a view of the cache.
-    Nor is a lone decode (batch 1) whose block ids form one run, in whatever order (ascending as a fresh allocator
-    hands them out, descending as a freed sequence's blocks come back): its one query sees its whole context and
-    attention does not depend on the order of its keys, so the context is one view (``context_run``). Blocks in
-    several runs are gathered: reading each run in place and merging by log-sum-exp measured slower than the
-    gather up to 2k tokens of context (``bench decode --attention``).
+    The gathers write into buffers made by the first layer and reused by every later one: a fresh
+    multi-megabyte tensor per layer costs the allocator's page faults as well as the copy (measured
+    2-3x slower on CPU). A lone prompt whose blocks are consecutive in the cache is not gathered at all:
+    its context is a view of the cache. Nor is a lone decode (batch 1) whose block ids form one run,
+    in whatever order (ascending as a fresh allocator hands them out, descending as a freed sequence's
+    blocks come back): its one query sees its whole context and attention does not depend on the order
+    of its keys, so the context is one view (``context_run``). Blocks in several runs are gathered:
+    reading each run in place and merging by log-sum-exp measured slower than the gather up to 2k tokens of
+    context (``bench decode --attention``).
     """
 
     def __init__(
@@ -165,7 +169,8 @@ class TorchPagedStep:
                 return
             local = torch.arange(int(lens.max()), device=device)
             self.valid = local[None, :] < lens[:, None]
-            # Padded query rows: sequence i's row j is token starts[i] + j (clamped; padding rows are discarded).
+            # Padded query rows: sequence i's row j is token starts[i] + j
+            # (clamped; padding rows are discarded).
             self.token = torch.where(self.valid, starts[:, None] + local[None, :], starts[:, None])
             self.token_valid = self.token[self.valid]
             # Query j of sequence i is at absolute position seq_len - q_len + j and sees keys up to it.
@@ -178,7 +183,8 @@ class TorchPagedStep:
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sm_scale: float | None = None
     ) -> torch.Tensor:
-        """q ``[T, Hq, D]`` against one layer's caches ``[num_blocks, block_size, Hkv, D]`` -> ``[T, Hq, D]``."""
+        """q ``[T, Hq, D]`` against one layer's caches
+        ``[num_blocks, block_size, Hkv, D]`` -> ``[T, Hq, D]``."""
         if self.num_single == self.num_seqs:  # decodes only: no output buffer to fill
             return self._decode(q, k_cache, v_cache, sm_scale)
         out = torch.empty_like(q)
@@ -223,7 +229,8 @@ class TorchPagedStep:
         return buckets
 
     def _decode(self, q, k_cache, v_cache, sm_scale):
-        """One query per sequence: q ``[B, Hq, D]`` against each sequence's gathered context, bucket by bucket."""
+        """One query per sequence: q ``[B, Hq, D]`` against each sequence's
+        gathered context, bucket by bucket."""
         if len(self.decode_buckets) == 1:
             return self._decode_bucket(0, q, k_cache, v_cache, sm_scale)
         out = torch.empty_like(q)
@@ -241,9 +248,9 @@ class TorchPagedStep:
         return _sdpa(q.unsqueeze(2), keys, values, bucket.mask, sm_scale).squeeze(2)
 
     def _context(self, group, k_cache, v_cache, table, first_block):
-        """K, V ``[B, Hkv, L, D]`` of ``table``'s blocks: a view of the cache when ``first_block`` says they are one
-        consecutive run of a single sequence, else gathered into this step's buffers for ``group`` (a decode
-        bucket's index, or -1 for the prefills)."""
+        """K, V ``[B, Hkv, L, D]`` of ``table``'s blocks: a view of the cache when ``first_block`` says they
+        are one consecutive run of a single sequence, else gathered into this step's buffers for ``group`` (a
+        decode bucket's index, or -1 for the prefills)."""
         if first_block is not None:
             run = slice(first_block, first_block + table.shape[1])
             keys, values = (
@@ -274,8 +281,9 @@ class DecodeBucket:
 
 @dataclass(frozen=True)
 class CacheRun:
-    """Rows ``start : start + length`` of one layer's cache viewed as ``[num_slots, Hkv, D]``, read in place, and
-    the additive ``mask`` ``[1, 1, 1, length]`` hiding the stale rows among them (None: every row is context)."""
+    """Rows ``start : start + length`` of one layer's cache viewed as ``[num_slots, Hkv, D]``,
+    read in place, and the additive ``mask`` ``[1, 1, 1, length]`` hiding the stale rows among them
+    (None: every row is context)."""
 
     start: int
     length: int
@@ -285,9 +293,9 @@ class CacheRun:
 def context_run(
     blocks: list[int], length: int, block_size: int, dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> CacheRun | None:
-    """The cache rows of one sequence's ``length`` tokens as one run, when its blocks ``blocks`` (its block table cut
-    to ``ceil(length / block_size)`` entries) are consecutive ids in any order; else None. Valid for a query that
-    sees the whole context (a decode): the rows come in block-id order, not in token order.
+    """The cache rows of one sequence's ``length`` tokens as one run, when its blocks ``blocks`` (its block
+    table cut to ``ceil(length / block_size)`` entries) are consecutive ids in any order; else None. Valid for
+    a query that sees the whole context (a decode): the rows come in block-id order, not in token order.
 
     Only the last block can be partly filled: its rows past the last token are cut off when it is the run's
     highest block, and masked when it is not (a table in descending order)::
@@ -324,8 +332,8 @@ def attend_run(
 
 
 def first_of_run(ids: torch.Tensor) -> int | None:
-    """The first of ``ids`` (1-D, CPU) when they are consecutive (``i, i + 1, ...``): cache rows or blocks that can
-    be read as one view of the cache instead of gathered. None otherwise."""
+    """The first of ``ids`` (1-D, CPU) when they are consecutive (``i, i + 1, ...``): cache rows or blocks
+    that can be read as one view of the cache instead of gathered. None otherwise."""
     if ids.numel() > 1 and not bool((ids[1:] - ids[:-1] == 1).all()):
         return None
     return int(ids[0])
@@ -337,11 +345,12 @@ def _first_of_run(table: torch.Tensor) -> int | None:
 
 
 def _gather(k_cache, v_cache, table, out):
-    """K, V ``[B, Hkv, L, D]`` of the blocks in ``table`` ``[B, num_blocks]`` (int64), ``L = num_blocks * block_size``,
-    written into ``out``: two ``[B * num_blocks, block_size * Hkv * D]`` buffers in the cache's dtype.
+    """K, V ``[B, Hkv, L, D]`` of the blocks in ``table`` ``[B, num_blocks]`` (int64),
+    ``L = num_blocks * block_size``, written into ``out``: two ``[B * num_blocks, block_size * Hkv * D]``
+    buffers in the cache's dtype.
 
-    ``index_select`` over the caches viewed as one row per block copies whole blocks (measured 2-8x faster than
-    advanced indexing ``k_cache[table]`` on CPU)."""
+    ``index_select`` over the caches viewed as one row per block copies whole blocks (measured 2-8x faster
+    than advanced indexing ``k_cache[table]`` on CPU)."""
     batch, num_blocks = table.shape
     block_size, heads, dim = k_cache.shape[1:]
     rows = table.flatten()

@@ -61,9 +61,10 @@ def reference_paged_attention(
     *,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Float64 paged attention, ``[T, Hq, D]``: sequence ``b``'s queries ``q[query_start_loc[b]:query_start_loc[b+1]]``
-    are the last of its ``seq_lens[b]`` tokens and attend (bottom-right causal) to its K/V gathered through
-    ``block_table[b]``. Rows that belong to no sequence stay zero."""
+    """Float64 paged attention, ``[T, Hq, D]``: sequence ``b``'s queries
+    ``q[query_start_loc[b]:query_start_loc[b+1]]`` are the last of its ``seq_lens[b]`` tokens
+    and attend (bottom-right causal) to its K/V gathered through ``block_table[b]``. Rows that
+    belong to no sequence stay zero."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     for b in range(len(seq_lens)):
         start, end, seq_len = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(seq_lens[b])

@@ -3,8 +3,8 @@ device, with no host branching on device values (so a GPU step never waits for t
 
 ``sampling_probs`` gives the distribution each row samples from (temperature, then top-k, then top-p), the
 same one the speculative verifier checks drafts against; ``sample`` draws from it by inversion, one uniform
-number per row. A seeded row's number is a hash of its seed and the token's position (``counter_uniforms``), so
-its tokens depend on nothing else in the batch, and are the same on every device.
+number per row. A seeded row's number is a hash of its seed and the token's position (``counter_uniforms``),
+so its tokens depend on nothing else in the batch, and are the same on every device.
 
 Tensor math only, below both of its users: the engine samples each step's tokens with it, and
 ``speculative/rejection.py`` verifies drafts against the same distribution.
@@ -48,8 +48,9 @@ vocabulary); a row whose top-k or top-p set may reach past them is sorted whole.
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Set to -inf every logit of ``logits`` ``[N, V]`` outside its row's ``top_k[row]`` largest (0: no limit) and
-    outside the smallest set whose probability reaches its ``top_p[row]`` (the most likely token always stays).
+    """Set to -inf every logit of ``logits`` ``[N, V]`` outside its row's ``top_k[row]`` largest
+    (0: no limit) and outside the smallest set whose probability reaches its ``top_p[row]`` (the most
+    likely token always stays).
 
     Both sets are prefixes of the row ranked by logit, and usually short: the batch ranks only its
     ``CANDIDATES`` largest logits per row (a ``topk``, some 20x cheaper than sorting 49k entries). Which rows
@@ -91,8 +92,8 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
 
 def _keep(ranked: torch.Tensor, k: torch.Tensor, p: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
     """``ranked`` ``[N, W]``, each row's largest logits in order, with -inf past its top-k and its top-p set.
-    ``log_total`` ``[N, 1]``: the log of each row's whole softmax denominator, for rows without a top-k (a top-k
-    row's denominator is that of its k kept logits, all ranked here: ``W >= k``)."""
+    ``log_total`` ``[N, 1]``: the log of each row's whole softmax denominator, for rows without a top-k (a
+    top-k row's denominator is that of its k kept logits, all ranked here: ``W >= k``)."""
     rank = torch.arange(ranked.shape[-1], device=ranked.device)[None, :]
     ranked = ranked.masked_fill((k[:, None] > 0) & (rank >= k[:, None]), float("-inf"))
     log_total = torch.where((k > 0)[:, None], ranked.logsumexp(dim=-1, keepdim=True), log_total)
@@ -120,15 +121,15 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One float64 in [0, 1) per row, a pure function of ``(seeds[i], counters[i])`` (int64): element ``c`` of the
-    SplitMix64 stream that ``seeds[i]`` starts. Same seed, same counter, same number, on any device."""
+    """One float64 in [0, 1) per row, a pure function of ``(seeds[i], counters[i])`` (int64): element ``c`` of
+    the SplitMix64 stream that ``seeds[i]`` starts. Same seed, same counter, same number, on any device."""
     z = _splitmix64(_splitmix64(seeds) + counters)
     return _shift_right(z, 11).double() * 2.0**-53
 
 
 def row_uniforms(seeds: list[int | None], counters: list[int], device: torch.device) -> torch.Tensor:
-    """The uniform number each row samples with: ``counter_uniforms`` for a seeded row (counter: the position of
-    the token it draws), the device's generator for the others."""
+    """The uniform number each row samples with: ``counter_uniforms`` for a seeded row (counter: the position
+    of the token it draws), the device's generator for the others."""
     uniform = torch.rand(len(seeds), dtype=torch.float64, device=device)
     if any(seed is not None for seed in seeds):
         seeded = host_tensor([seed is not None for seed in seeds], torch.bool, device)

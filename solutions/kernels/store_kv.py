@@ -52,7 +52,8 @@ def _as_bits(t: torch.Tensor) -> torch.Tensor:
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Triton: ``k_cache`` row ``slot_mapping[t]`` (flattened over blocks) = ``k[t]``, same for v (module doc).
+    """Triton: ``k_cache`` row ``slot_mapping[t]``
+    (flattened over blocks) = ``k[t]``, same for v (module doc).
 
     Tokens with a negative slot are skipped. The caches need stride 1 in their last dim (as allocated).
     """

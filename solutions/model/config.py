@@ -69,7 +69,8 @@ class ModelConfig:
     eos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
     rope_scaling: RopeScaling | None = None
-    # Mixture of experts (Lesson 5): 0 experts means a dense MLP; intermediate_size is then each expert's width.
+    # Mixture of experts (Lesson 5): 0 experts means a dense MLP;
+    # intermediate_size is then each expert's width.
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
     moe_router: str = "softmax"
@@ -119,7 +120,8 @@ class ModelConfig:
         arch = meta["general.architecture"]
         if arch not in SUPPORTED_GGUF_ARCHITECTURES:
             raise ValueError(
-                f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+                f"GGUF architecture {arch!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
 
         def key(name: str) -> Any:
@@ -155,12 +157,14 @@ class ModelConfig:
         model_type = cfg.get("model_type", "llama")
         if model_type not in SUPPORTED_HF_MODEL_TYPES:
             raise ValueError(
-                f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_HF_MODEL_TYPES)}"
+                f"model_type {model_type!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_HF_MODEL_TYPES)}"
             )
         window, max_positions = cfg.get("sliding_window"), int(cfg.get("max_position_embeddings", 2048))
         if window is not None and int(window) < max_positions:
             raise ValueError(
-                f"sliding-window attention (sliding_window={window}) is not supported; only full causal attention"
+                f"sliding-window attention (sliding_window={window}) is not supported; "
+                "only full causal attention"
             )
         heads = int(cfg["num_attention_heads"])
         theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
@@ -202,7 +206,8 @@ def gguf_eos_token_ids(meta: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _hf_eos_token_ids(cfg: dict[str, Any], generation_config: dict[str, Any]) -> tuple[int, ...]:
-    """config.json's EOS id(s) first, then generation_config.json's list (where Llama-3 keeps ``<|eot_id|>``)."""
+    """config.json's EOS id(s) first, then generation_config.json's list
+    (where Llama-3 keeps ``<|eot_id|>``)."""
     return _unique(_ids(cfg.get("eos_token_id")) + _ids(generation_config.get("eos_token_id")))
 
 
@@ -231,7 +236,8 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
 def _gguf_rope_scaling(
     meta: dict[str, Any], arch: str, freq_factors: tuple[float, ...] | None
 ) -> RopeScaling | None:
-    """``{arch}.rope.scaling.type`` (none / linear) and the ``rope_freqs`` divisors llama.cpp writes for Llama-3."""
+    """``{arch}.rope.scaling.type`` (none / linear) and the ``rope_freqs`` divisors
+    llama.cpp writes for Llama-3."""
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
         raise ValueError(
@@ -249,7 +255,8 @@ def _gguf_rope_scaling(
 
 
 def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The MoE fields of a HF config.json: none for a dense model; Mixtral's and the MoE-fied SmolLM2's otherwise."""
+    """The MoE fields of a HF config.json: none for a dense model;
+    Mixtral's and the MoE-fied SmolLM2's otherwise."""
     if cfg.get("model_type") not in MOE_MODEL_TYPES:
         return {}
     return dict(

@@ -4,9 +4,9 @@ ahead of time (``kernels/cpu_aot.py``), whichever measures faster on this machin
 
 The fused chains are the very functions of ``llama.py`` (``add_rms_norm``, ``apply_rope``, ``silu_mul``),
 exported with every size dynamic: one library per chain and dtype serves every model and token count,
-compiled on a machine's first use (minutes) and loaded in milliseconds after (``paths.kernel_cache_dir()``). Each is
-wrapped so that an input it was not compiled for (another dtype or device, a strided layout, a tensor that
-needs gradients, the first layer's missing residual) runs the plain function instead: the fused set never
+compiled on a machine's first use (minutes) and loaded in milliseconds after (``paths.kernel_cache_dir()``).
+Each is wrapped so that an input it was not compiled for (another dtype or device, a strided layout, a tensor
+that needs gradients, the first layer's missing residual) runs the plain function instead: the fused set never
 fails where the plain one works.
 
 Which set wins is measured as ``cpu_linear`` measures the linears, and cached with its helpers: per chain and
@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -149,7 +150,9 @@ def fused_add_rms_norm(run: Runner, dtype: torch.dtype) -> Callable[..., tuple[t
     plain function."""
     eps_tensors: dict[float, torch.Tensor] = {}
 
-    def add_rms_norm_fused(x, residual, weight, eps):
+    def add_rms_norm_fused(
+        x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if (
             residual is None
             or not (x.is_cpu and residual.is_cpu and weight.is_cpu and x.dim() == 2)
@@ -175,7 +178,7 @@ def fused_rope(run: Runner, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     """``apply_rope`` through ``run`` for ``[T, H, D]`` CPU heads of ``dtype`` (a strided view is copied
     first, one pass) and contiguous ``[T, D]`` angles; else the plain function."""
 
-    def rope_fused(qk, cos, sin):
+    def rope_fused(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if (
             not (qk.is_cpu and cos.is_cpu and sin.is_cpu and qk.dim() == 3)
             or not qk.dtype == cos.dtype == sin.dtype == dtype
@@ -194,7 +197,7 @@ def fused_rope(run: Runner, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
 def fused_silu_mul(run: Runner, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """``silu_mul`` through ``run`` for contiguous ``[T, 2I]`` CPU inputs of ``dtype``; else the plain one."""
 
-    def silu_mul_fused(gate_up):
+    def silu_mul_fused(gate_up: torch.Tensor) -> torch.Tensor:
         if (
             not (gate_up.is_cpu and gate_up.dtype == dtype and gate_up.dim() == 2 and gate_up.is_contiguous())
             or not gate_up.shape[0]
@@ -261,7 +264,7 @@ def _by_rows(choices: dict[str, Callable]) -> Callable:
         return choices["decode"]
     decode, batch, prefill = (choices[regime] for regime in REGIMES)
 
-    def by_rows(x, *args):
+    def by_rows(x: torch.Tensor, *args: Any) -> Any:
         rows = x.shape[0]
         return (decode if rows == 1 else batch if rows < PREFILL_ROWS else prefill)(x, *args)
 

@@ -18,16 +18,19 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import gguf
 
 BLOCK = 32
 _BLOCK_BYTES = {"Q8_0": 34, "Q4_1": 20, "Q4_0": 18}
 
 
-def read_metadata(reader) -> dict[str, Any]:
+def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
     """All key/value fields of an open ``gguf.GGUFReader`` as plain Python values."""
     return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
 
@@ -45,7 +48,8 @@ def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """``[blocks, 16]`` bytes -> ``[blocks, 32]`` float codes: low nibbles are weights 0..15, high ones 16..31."""
+    """``[blocks, 16]`` bytes -> ``[blocks, 32]`` float codes:
+    low nibbles are weights 0..15, high ones 16..31."""
     codes = torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=torch.float32)
     codes[:, : packed.shape[1]] = packed & 0x0F
     codes[:, packed.shape[1] :] = packed >> 4
@@ -64,7 +68,8 @@ def dequantize(raw: np.ndarray | torch.Tensor, type_name: str, shape: tuple[int,
         return data.view(torch.float16 if type_name == "F16" else torch.bfloat16).float().reshape(shape)
     if type_name not in _BLOCK_BYTES:
         raise ValueError(
-            f"GGUF tensor type {type_name} is not supported; supported: F32, F16, BF16, {', '.join(_BLOCK_BYTES)}"
+            f"GGUF tensor type {type_name} is not supported; supported: "
+            f"F32, F16, BF16, {', '.join(_BLOCK_BYTES)}"
         )
     blocks = data.reshape(-1, _BLOCK_BYTES[type_name])
     d = _f16(blocks[:, 0:2])

@@ -52,8 +52,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # BEGIN SOLUTION Lab 0: y = x / RMS(x) * weight over the last dim; compute in float32, return x's dtype
     # HINT: Why float32: in float16 the square of an activation near 300 is 90000, above float16's largest
     #  value (65504), so it becomes inf and the row comes out 0. Upcast with x.float(), cast back at the end.
-    # HINT: RMS(x) = sqrt(mean(x**2) + eps) over the last dim; eps keeps a row of zeros from giving 0 / 0 = NaN.
-    #  torch.rsqrt and mean(dim=-1, keepdim=True) do it in two lines.
+    # HINT: RMS(x) = sqrt(mean(x**2) + eps) over the last dim; eps keeps a row of zeros from giving
+    #  0 / 0 = NaN. torch.rsqrt and mean(dim=-1, keepdim=True) do it in two lines.
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return normed.to(x.dtype) * weight
@@ -61,9 +61,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_inverse_frequencies(
-    head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """RoPE's ``head_dim / 2`` inverse frequencies ``theta ** (-2i / head_dim)``, rescaled as ``scaling`` says.
+    """RoPE's ``head_dim / 2`` inverse frequencies ``theta ** (-2i / head_dim)``, rescaled as ``scaling``
+    says.
 
     Computed in float32 with Hugging Face's own operations, so the tables match its to the last bit.
     """
@@ -95,7 +96,11 @@ def rope_inverse_frequencies(
 
 
 def rope_tables(
-    head_dim: int, theta: float, max_positions: int, device=None, scaling: RopeScaling | None = None
+    head_dim: int,
+    theta: float,
+    max_positions: int,
+    device: torch.device | str | None = None,
+    scaling: RopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``[max_positions, head_dim]`` for rotate-half RoPE.
 
@@ -118,8 +123,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     # BEGIN SOLUTION Lab 0: rotate dimension pair (j, j + D/2) of every head by its token's angle
     # HINT: Rotating (a, b) by angle t gives (a cos t - b sin t, b cos t + a sin t). Here a lives in the first
     #  half of the head, b in the second, and cos/sin [T, D] already repeat each angle for both halves.
-    # HINT: So a whole head is x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-second half, first half);
-    #  cos and sin need a head axis to broadcast over x [T, H, D]: cos[:, None, :].
+    # HINT: So a whole head is x * cos + rotate_half(x) * sin, with
+    #  rotate_half(x) = cat(-second half, first half); cos and sin need a head axis to broadcast over
+    #  x [T, H, D]: cos[:, None, :].
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
@@ -129,7 +135,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add a block's output ``x`` to the residual stream, then normalise: ``(rms_norm(x + residual), x + residual)``.
+    """Add a block's output ``x`` to the residual stream, then normalise:
+    ``(rms_norm(x + residual), x + residual)``.
 
     ``residual`` None (the first layer) adds nothing: the stream starts as ``x``."""
     residual = x if residual is None else x + residual
@@ -265,10 +272,12 @@ class LlamaModel(nn.Module):
         self.rope_sin: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """``input_ids``, ``positions``: ``[T]``. Returns hidden states ``[T, hidden]`` (before the final norm)."""
+        """``input_ids``, ``positions``: ``[T]``.
+        Returns hidden states ``[T, hidden]`` (before the final norm)."""
         if self.rope_cos is None:
             raise RuntimeError(
-                "the model has no weights yet: build it with LlamaModel.from_state_dict (or loader.load_weights)"
+                "the model has no weights yet: build it with LlamaModel.from_state_dict "
+                "(or loader.load_weights)"
             )
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         hidden, residual = self.embed_tokens(input_ids), None
@@ -282,7 +291,8 @@ class LlamaModel(nn.Module):
         return self.layers[0].self_attn.ops if len(self.layers) else PLAIN_OPS
 
     def use_ops(self, ops: LayerOps) -> None:
-        """Run every layer's elementwise chains through ``ops`` (fused kernels, say) instead of the current set."""
+        """Run every layer's elementwise chains through ``ops`` (fused kernels, say)
+        instead of the current set."""
         for module in self.modules():
             if isinstance(module, AddRMSNorm | Attention | MLP):
                 module.ops = ops
@@ -309,7 +319,8 @@ class LlamaModel(nn.Module):
         device: str | torch.device,
         dtype: torch.dtype,
     ) -> LlamaModel:
-        """Build on the meta device, then fill each weight from Hugging Face Llama names (fusing Q/K/V, gate/up).
+        """Build on the meta device, then fill each weight from Hugging Face Llama
+        names (fusing Q/K/V, gate/up).
 
         Streams: each source tensor is looked up once and copied straight into its final dtype and
         device, so with a lazy ``state_dict`` (the loader's) peak memory is the final weights plus one
@@ -398,7 +409,8 @@ def _gather(
     device: str | torch.device,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Stack ``names`` by rows into one new ``shape`` tensor on ``device`` in ``dtype``, one source at a time."""
+    """Stack ``names`` by rows into one new ``shape`` tensor on ``device`` in
+    ``dtype``, one source at a time."""
     if len(names) == 1:
         tensor = state_dict[names[0]]
         if tensor.shape != shape:

@@ -57,8 +57,8 @@ class LazyStateDict(Mapping[str, torch.Tensor]):
 
 @dataclass
 class LoadedWeights:
-    """A model's config, its weights in Hugging Face Llama naming (read lazily: float32 from a GGUF, the stored
-    dtype from a checkpoint folder), and its tokenizer."""
+    """A model's config, its weights in Hugging Face Llama naming (read lazily: float32 from a GGUF, the
+    stored dtype from a checkpoint folder), and its tokenizer."""
 
     config: ModelConfig
     state_dict: Mapping[str, torch.Tensor]
@@ -110,9 +110,9 @@ def write_safetensors_streaming(
 ) -> None:
     """Write a safetensors file of ``dtype`` tensors, fetching and writing one at a time.
 
-    The header needs every shape up front (``shapes``); ``tensors`` then yields each tensor in ``shapes``' order,
-    on any device, and its bytes follow the header as it arrives: only the tensor being written is in memory.
-    A tensor of another shape or dtype than announced raises ``ValueError`` naming it.
+    The header needs every shape up front (``shapes``); ``tensors`` then yields each tensor in ``shapes``'
+    order, on any device, and its bytes follow the header as it arrives: only the tensor being written is in
+    memory. A tensor of another shape or dtype than announced raises ``ValueError`` naming it.
     """
     header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0
@@ -162,7 +162,8 @@ def _load_gguf_cache(weights_file: Path, tokenizer_file: Path, source: Path) -> 
 
 
 def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
-    """Load a Llama GGUF: the config and tokenizer from its metadata, the weights lazily (through the cache)."""
+    """Load a Llama GGUF: the config and tokenizer from its metadata,
+    the weights lazily (through the cache)."""
     weights_file = cache_dir() / f"{_cache_key(path)}.safetensors"
     tokenizer_file = weights_file.with_suffix(".tokenizer.json")
     if use_cache and weights_file.exists() and tokenizer_file.exists():
@@ -177,7 +178,8 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedWeights:
     if not use_cache or not checkpoint.quantized:  # F32/F16/BF16 files are read directly: a cast is cheap
         return LoadedWeights(config, state, tokenizer, path)
     weights_file.parent.mkdir(parents=True, exist_ok=True)
-    # Per-process names: two processes converting at once (test workers) must not write or rename each other's file.
+    # Per-process names: two processes converting at once (test workers) must not
+    # write or rename each other's file.
     partial = weights_file.with_suffix(f".{os.getpid()}.partial")
     partial_tokenizer = tokenizer_file.with_suffix(f".{os.getpid()}.partial")
     shapes = {hf_name(name): info.shape for name, info in checkpoint.tensors.items() if hf_name(name)}

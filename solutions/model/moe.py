@@ -1,4 +1,5 @@
-"""The Mixture-of-Experts MLP a decoder layer uses when its config has experts (Mixtral, the MoE-fied SmolLM2).
+"""The Mixture-of-Experts MLP a decoder layer uses when its config has experts
+(Mixtral, the MoE-fied SmolLM2).
 
     router_logits = gate(x)                                   [T, E]
     weights, experts = route(router_logits, k)                [T, k]
@@ -22,7 +23,8 @@ from .moe_router import route
 
 
 class MoEMLP(nn.Module):
-    """Experts stacked for a grouped GEMM: ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``."""
+    """Experts stacked for a grouped GEMM:
+    ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -53,8 +55,9 @@ def moe_weight_sources(layer: int) -> dict[str, list[str]]:
 
 
 class _StackedExperts(Mapping):
-    """``state_dict`` with each layer's per-expert Mixtral tensors seen as the stacked ones ``moe_weight_sources``
-    names; stacking happens when a stacked tensor is read, so a lazy ``state_dict`` stays lazy."""
+    """``state_dict`` with each layer's per-expert Mixtral tensors seen as the stacked ones
+    ``moe_weight_sources`` names; stacking happens when a stacked tensor is read, so a lazy ``state_dict``
+    stays lazy."""
 
     def __init__(self, state_dict: Mapping[str, torch.Tensor], num_layers: int, num_experts: int):
         self.base, self.num_experts, self.virtual = state_dict, num_experts, {}
@@ -89,7 +92,8 @@ class _StackedExperts(Mapping):
 
 
 def stacked_experts(state_dict: Mapping[str, torch.Tensor], num_layers: int, num_experts: int) -> Mapping:
-    """Either Mixtral checkpoint layout, as the stacked one: per-expert ``block_sparse_moe.experts.{e}.w1/w2/w3``
-    (what ``save_pretrained`` writes) become ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (w1 rows, then w3)
-    and ``mlp.experts.down_proj`` ``[E, H, I]``; a checkpoint already stacked passes through."""
+    """Either Mixtral checkpoint layout, as the stacked one: per-expert
+    ``block_sparse_moe.experts.{e}.w1/w2/w3`` (what ``save_pretrained`` writes) become
+    ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (w1 rows, then w3) and ``mlp.experts.down_proj``
+    ``[E, H, I]``; a checkpoint already stacked passes through."""
     return _StackedExperts(state_dict, num_layers, num_experts)

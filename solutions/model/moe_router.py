@@ -36,14 +36,16 @@ class Routing:
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> Routing:
-    """Top-``k`` softmax routing of ``router_logits`` ``[T, E]``; ``renormalize`` makes each token's weights sum to 1."""
+    """Top-``k`` softmax routing of ``router_logits`` ``[T, E]``;
+    ``renormalize`` makes each token's weights sum to 1."""
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [tokens, experts], got shape {tuple(router_logits.shape)}")
     if not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(
             f"top_k must be in [1, {router_logits.shape[1]}] (the number of experts), got {top_k}"
         )
-    # BEGIN SOLUTION Lab 5: softmax in float32 over experts, take the top_k probabilities, divide by their sum if renormalize
+    # BEGIN SOLUTION Lab 5: softmax in float32 over experts, take the top_k probabilities,
+    #  divide by their sum if renormalize
     # HINT: The router scores each token against each expert; a softmax over the experts turns the scores
     #  into probabilities, and the token runs through its k most probable experts, mixed by those
     #  probabilities, renormalised to sum to 1 (Mixtral's rule).
@@ -61,12 +63,14 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> 
 
 
 def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
-    """Switch Transformer auxiliary loss ``alpha * E * sum_i f_i * P_i`` (a scalar, differentiable through ``P``).
+    """Switch Transformer auxiliary loss ``alpha * E * sum_i f_i * P_i``
+    (a scalar, differentiable through ``P``).
 
     ``f_i``: share of the ``T * k`` assignments that picked expert ``i`` (counts, no gradient);
     ``P_i``: mean over tokens of ``probs[:, i]``. Both sum to 1 over experts.
     """
-    # BEGIN SOLUTION Lab 5: f = bincount of the chosen experts / (T * k); P = probs averaged over tokens; alpha * E * sum(f * P)
+    # BEGIN SOLUTION Lab 5: f = bincount of the chosen experts / (T * k);
+    #  P = probs averaged over tokens; alpha * E * sum(f * P)
     # HINT: The Switch loss multiplies two views of each expert's load: f_i, the share of all T * k
     #  assignments it received (counted, no gradient), and P_i, the router's mean probability for it
     #  (differentiable). The sum of f * P is smallest when the load is even.

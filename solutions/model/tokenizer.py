@@ -24,7 +24,10 @@ _USER_DEFINED = 4
 
 # Llama-3's split (tiktoken's cl100k pattern): letters with one leading non-letter, numbers in runs of
 # at most three digits, punctuation runs that swallow trailing newlines, then whitespace.
-LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _gpt2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -66,7 +69,8 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
     pre = meta.get("tokenizer.ggml.pre")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(
-            f"GGUF pre-tokenizer (tokenizer.ggml.pre) {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZERS)}"
+            f"GGUF pre-tokenizer (tokenizer.ggml.pre) {pre!r} is not supported; supported: "
+            f"{', '.join(PRE_TOKENIZERS)}"
         )
     make_pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]
     tokens: list[str] = meta["tokenizer.ggml.tokens"]

@@ -1,4 +1,5 @@
-"""MoE-fy the bundled SmolLM2 and measure what top-k costs (``python -m solutions moefy --experts 8`` runs it).
+"""MoE-fy the bundled SmolLM2 and measure what top-k costs
+(``python -m solutions moefy --experts 8`` runs it).
 
 MoEfication (Zhang et al., 2022) without retraining the model:
 
@@ -33,6 +34,7 @@ from ..kernels.attention import gqa_attention
 from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
 from ..model.loader import bundled_model_path
+from ..model.tokenizer import TextTokenizer
 from ..paths import DATA_DIR
 from .split import balanced_kmeans, expert_importance, neurons_by_expert, top_k_recall, train_router
 
@@ -48,7 +50,8 @@ def artefact_path(num_experts: int, split: str = "coactivation") -> Path:
 
 @torch.inference_mode()
 def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's FFN input (the post-attention RMSNorm's output) ``[T, H]`` over ``token_ids``, window by window."""
+    """Each layer's FFN input (the post-attention RMSNorm's output) ``[T, H]`` over
+    ``token_ids``, window by window."""
     inputs: list[list[torch.Tensor]] = [[] for _ in model.layers]
     hooks = [
         layer.post_attention_layernorm.register_forward_hook(
@@ -74,7 +77,8 @@ def collect_ffn_inputs(model: LlamaModel, token_ids: torch.Tensor) -> list[torch
 def split_model(
     model: LlamaModel, token_ids: torch.Tensor, num_experts: int, split: str = "coactivation", seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """Neurons ``[L, E, I/E]``, routers ``[L, E, H]``, and each router's top-(E/4) recall on the last 10% of tokens."""
+    """Neurons ``[L, E, I/E]``, routers ``[L, E, H]``, and each router's top-(E/4)
+    recall on the last 10% of tokens."""
     all_neurons, routers, recalls = [], [], []
     for layer, x in zip(model.layers, collect_ffn_inputs(model, token_ids)):
         gate, up = (x @ layer.mlp.gate_up_proj.weight.t()).chunk(2, dim=-1)
@@ -97,7 +101,8 @@ def split_model(
 
 
 def moefied_config(config: ModelConfig, num_experts: int, top_k: int) -> ModelConfig:
-    """The dense config with its FFN cut into ``num_experts`` experts of ``I / E`` neurons, unit-weight routing."""
+    """The dense config with its FFN cut into ``num_experts`` experts of ``I / E``
+    neurons, unit-weight routing."""
     return replace(
         config,
         intermediate_size=config.intermediate_size // num_experts,
@@ -110,7 +115,8 @@ def moefied_config(config: ModelConfig, num_experts: int, top_k: int) -> ModelCo
 def moefied_state_dict(
     state_dict: dict[str, torch.Tensor], neurons: torch.Tensor, routers: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """Dense Hugging Face Llama tensors -> Mixtral-named experts (``w1`` gate, ``w3`` up, ``w2`` down) and routers."""
+    """Dense Hugging Face Llama tensors -> Mixtral-named experts
+    (``w1`` gate, ``w3`` up, ``w2`` down) and routers."""
     moe = {}
     for name, tensor in state_dict.items():
         if ".mlp." not in name:
@@ -128,7 +134,8 @@ def moefied_state_dict(
 
 
 def hf_config_json(config: ModelConfig) -> dict:
-    """``config.json`` for a MoE-fied model, in Hugging Face's field names (read back by ``ModelConfig.from_hf_config``)."""
+    """``config.json`` for a MoE-fied model, in Hugging Face's field names
+    (read back by ``ModelConfig.from_hf_config``)."""
     return {
         "model_type": "moefied_llama",
         "vocab_size": config.vocab_size,
@@ -152,9 +159,13 @@ def hf_config_json(config: ModelConfig) -> dict:
 
 
 def write_folder(
-    folder: Path, config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None
+    folder: Path,
+    config: ModelConfig,
+    state_dict: dict[str, torch.Tensor],
+    tokenizer: TextTokenizer | None = None,
 ) -> None:
-    """Write ``config.json``, ``model.safetensors`` and (if given) ``tokenizer.json`` + ``tokenizer_config.json``."""
+    """Write ``config.json``, ``model.safetensors`` and (if given)
+    ``tokenizer.json`` + ``tokenizer_config.json``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config_json(config), indent=2) + "\n")
     save_file({k: v.contiguous() for k, v in state_dict.items()}, str(folder / "model.safetensors"))
@@ -173,9 +184,15 @@ def ffn_flops_per_token(config: ModelConfig, num_experts: int, top_k: int | None
 
 
 def load_or_compute_split(
-    model: LlamaModel, tokenizer, num_experts: int, split: str, calib_tokens: int, recompute: bool
+    model: LlamaModel,
+    tokenizer: TextTokenizer,
+    num_experts: int,
+    split: str,
+    calib_tokens: int,
+    recompute: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split and routers from ``data/moe/`` if cached (and not ``recompute``), else computed and cached."""
+    """The split and routers from ``data/moe/`` if cached
+    (and not ``recompute``), else computed and cached."""
     path = artefact_path(num_experts, split)
     if path.exists() and not recompute:
         cached = load_file(str(path))

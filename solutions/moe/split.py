@@ -37,7 +37,8 @@ def balanced_assign(similarity: torch.Tensor, size: int) -> torch.Tensor:
 def balanced_kmeans(
     features: torch.Tensor, num_clusters: int, iters: int = 25, seed: int = 0
 ) -> torch.Tensor:
-    """Spherical k-means with equal cluster sizes: ``features`` ``[n, d]`` -> labels ``[n]`` in ``[0, num_clusters)``."""
+    """Spherical k-means with equal cluster sizes:
+    ``features`` ``[n, d]`` -> labels ``[n]`` in ``[0, num_clusters)``."""
     n = features.shape[0]
     if n % num_clusters:
         raise ValueError(f"{n} neurons do not split into {num_clusters} equal experts")

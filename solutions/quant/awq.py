@@ -36,7 +36,8 @@ CLIP_GRID, CLIP_MAX_SHRINK = 20, 0.5
 
 @dataclass
 class ScaleSearch:
-    """The chosen per-input-channel ``scales`` ``[K]`` and ``alpha``; ``errors[i]`` is the output MSE at ``alphas[i]``."""
+    """The chosen per-input-channel ``scales`` ``[K]`` and ``alpha``;
+    ``errors[i]`` is the output MSE at ``alphas[i]``."""
 
     scales: torch.Tensor
     alpha: float
@@ -52,20 +53,24 @@ def search_scale(
     n_grid: int = 20,
     block: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> ScaleSearch:
-    """Grid-search ``alpha`` in ``[0, 1)`` for ``s = mean|x|^alpha`` minimising ``mean((x W^T - x (Q(W s)/s)^T)^2)``.
+    """Grid-search ``alpha`` in ``[0, 1)`` for ``s = mean|x|^alpha`` minimising
+    ``mean((x W^T - x (Q(W s)/s)^T)^2)``.
 
     ``weight`` ``[N, K]``; ``x`` ``[T, K]`` calibration inputs of that linear. ``block``, if given, maps
-    the linear's output to the output of the block it feeds, and the error is measured there. ``alpha = 0`` is plain
-    round-to-nearest (``s = 1``), so the chosen error is never above RTN's on ``x``. Scales are
+    the linear's output to the output of the block it feeds, and the error is measured there. ``alpha = 0``
+    is plain round-to-nearest (``s = 1``), so the chosen error is never above RTN's on ``x``. Scales are
     normalised by ``sqrt(max * min)`` so they straddle 1 (the product, not the ratio, is what matters).
     """
     check_quant_args(weight.shape[1], w_bit, group_size)
     weight, x = weight.float(), x.float()
-    # BEGIN SOLUTION Lab 6: try each alpha of the grid: scale W's input channels by mean|x|**alpha, quantize, unscale; keep the alpha whose error after block is lowest
-    # HINT: The grid is alpha = i / n_grid for i in range(n_grid), so alpha = 0 (s = 1) is plain RTN. s = x.abs().mean(0)
-    #  ** alpha, clamped to >= 1e-4, divided by sqrt(s.max() * s.min()); the quantized weight is fake_quantize(W * s) / s.
-    # HINT: The error is the mean of (block(x @ W_q.T) - block(x @ W.T))**2, with block the identity when None. Record each
-    #  alpha and its error in grid order, and return ScaleSearch(best scales, best alpha, alphas, errors).
+    # BEGIN SOLUTION Lab 6: try each alpha of the grid: scale W's input channels by mean|x|**alpha, quantize,
+    #  unscale; keep the alpha whose error after block is lowest
+    # HINT: The grid is alpha = i / n_grid for i in range(n_grid), so alpha = 0 (s = 1) is plain RTN.
+    #  s = x.abs().mean(0) ** alpha, clamped to >= 1e-4, divided by sqrt(s.max() * s.min()); the quantized
+    #  weight is fake_quantize(W * s) / s.
+    # HINT: The error is the mean of (block(x @ W_q.T) - block(x @ W.T))**2, with block the identity
+    #  when None. Record each alpha and its error in grid order, and return
+    #  ScaleSearch(best scales, best alpha, alphas, errors).
     block = block or (lambda y: y)
     x_mean = x.abs().mean(dim=0)
     target = block(x @ weight.T)
@@ -97,7 +102,8 @@ def clip_max_val(weight: torch.Tensor, group_size: int, ratio: torch.Tensor) -> 
 
 
 def search_clip(weight: torch.Tensor, x: torch.Tensor, w_bit: int, group_size: int) -> torch.Tensor:
-    """Index into ``clip_ratios()`` per output channel ``[N]`` (uint8) minimising that channel's output MSE on ``x``."""
+    """Index into ``clip_ratios()`` per output channel ``[N]`` (uint8) minimising that
+    channel's output MSE on ``x``."""
     check_quant_args(weight.shape[1], w_bit, group_size)
     weight, x = weight.float(), x.float()
     target = x @ weight.T
@@ -114,12 +120,14 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, w_bit: int, group_size: i
 
 
 def awq_params_path(model_name: str, w_bit: int, group_size: int) -> Path:
-    """Where the AWQ scales of ``model_name`` (the weights file's stem) at this bit width and group size are cached."""
+    """Where the AWQ scales of ``model_name`` (the weights file's stem) at this bit
+    width and group size are cached."""
     return DATA_DIR / "awq" / f"{model_name}.w{w_bit}g{group_size}.safetensors"
 
 
 def load_awq_params(model_name: str, w_bit: int, group_size: int) -> dict[str, torch.Tensor]:
-    """The cached ``{linear name}.scales`` (float16 ``[K]``) and ``{linear name}.clip`` (uint8 ``[N]``) tensors."""
+    """The cached ``{linear name}.scales`` (float16 ``[K]``) and
+    ``{linear name}.clip`` (uint8 ``[N]``) tensors."""
     path = awq_params_path(model_name, w_bit, group_size)
     if not path.exists():
         raise FileNotFoundError(

@@ -50,7 +50,8 @@ def _mlp_block(mlp) -> Callable[[torch.Tensor], torch.Tensor]:
 def calibrate(
     model: LlamaModel, calibration_ids: torch.Tensor, w_bit: int, group_size: int, window: int = 512
 ) -> dict[str, torch.Tensor]:
-    """AWQ scales and clip indices for every linear of ``model``, from one float pass over ``calibration_ids``.
+    """AWQ scales and clip indices for every linear of ``model``,
+    from one float pass over ``calibration_ids``.
 
     The model is left unchanged. Inputs are captured once: scaling preserves each layer's function,
     so the float model's activations, divided by the scales, are the scaled model's activations.

@@ -58,20 +58,23 @@ class QuantLinear(nn.Module):
             self.register_buffer("scale_offset", scale_offset.to(torch.bfloat16).contiguous())
         else:
             raise ValueError(
-                f"torch's CPU int4 kernel needs out_features % {CPU_BLOCK_N} == 0, in_features % 32 == 0 and "
-                f"group_size in {CPU_GROUP_SIZES}; got {self.out_features} x {self.in_features}, g{self.group_size}"
+                f"torch's CPU int4 kernel needs out_features % {CPU_BLOCK_N} == 0, "
+                f"in_features % 32 == 0 and group_size in {CPU_GROUP_SIZES}; "
+                f"got {self.out_features} x {self.in_features}, g{self.group_size}"
             )
 
     @classmethod
     def from_float(
         cls, weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None
     ) -> QuantLinear:
-        """Round-to-nearest quantize ``weight`` (clipped to ``max_val`` per group if given), in its dtype and device."""
+        """Round-to-nearest quantize ``weight`` (clipped to ``max_val`` per group if given),
+        in its dtype and device."""
         return cls(quantize(weight, w_bit, group_size, max_val), weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
-            # The common case of a bfloat16 engine (dtype "auto" on a CPU with native bfloat16): no cast, no reshape.
+            # The common case of a bfloat16 engine (dtype "auto" on a CPU with native bfloat16):
+            # no cast, no reshape.
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x, self.qweight, self.group_size, self.scale_offset
             )
@@ -98,7 +101,8 @@ class QuantLinear(nn.Module):
         return w.reshape(*ids.shape, self.in_features).to(self.dtype)
 
     def _cpu_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Codes ``[R, K]``, scales and offsets ``[R, K/g]`` of ``rows``, read out of the CPU kernel's layout."""
+        """Codes ``[R, K]``, scales and offsets ``[R, K/g]`` of ``rows``,
+        read out of the CPU kernel's layout."""
         tiles = self.qweight.view(self.out_features // CPU_BLOCK_N, self.in_features, CPU_BLOCK_N // 2)
         block, within = rows // CPU_BLOCK_N, rows % CPU_BLOCK_N
         byte = tiles[block, :, within % (CPU_BLOCK_N // 2)]  # [R, K]
@@ -108,7 +112,8 @@ class QuantLinear(nn.Module):
         return codes, scale_offset[..., 0].T, scale_offset[..., 1].T
 
     def dequantize(self) -> torch.Tensor:
-        """The whole weight ``[out_features, in_features]`` in the module's dtype (for tests and inspection)."""
+        """The whole weight ``[out_features, in_features]`` in the module's dtype
+        (for tests and inspection)."""
         return self.rows(torch.arange(self.out_features, device=self.qweight.device))
 
     def extra_repr(self) -> str:

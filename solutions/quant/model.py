@@ -28,7 +28,8 @@ METHODS = ("rtn", "awq")
 
 
 def layer_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``("layers.{i}.{qkv_proj|o_proj|gate_up_proj|down_proj}", module)`` for every decoder layer, in order."""
+    """``("layers.{i}.{qkv_proj|o_proj|gate_up_proj|down_proj}", module)`` for
+    every decoder layer, in order."""
     for i, layer in enumerate(model.layers):
         yield f"layers.{i}.qkv_proj", layer.self_attn.qkv_proj
         yield f"layers.{i}.o_proj", layer.self_attn.o_proj
@@ -45,7 +46,8 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def apply_awq_scales(model: nn.Module, params: dict[str, torch.Tensor]) -> None:
-    """Fold AWQ's per-channel scales into the float model in place; its outputs stay the same up to rounding."""
+    """Fold AWQ's per-channel scales into the float model in place;
+    its outputs stay the same up to rounding."""
     for i, layer in enumerate(model.layers):
         s = params[f"layers.{i}.qkv_proj.scales"].to(layer.input_layernorm.weight)
         layer.input_layernorm.weight.div_(s)
@@ -73,7 +75,8 @@ def quantize_model(
     group_size: int,
     awq_params: dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
-    """Replace every decoder linear and the LM head of ``model`` (in place) by ``QuantLinear``; returns ``model``.
+    """Replace every decoder linear and the LM head of ``model`` (in place) by
+    ``QuantLinear``; returns ``model``.
 
     ``method`` "rtn" is plain round-to-nearest; "awq" needs ``awq_params`` (``quant.awq.load_awq_params``).
     A tied embedding then reads the quantized LM head; an untied one stays as it is.
@@ -122,7 +125,8 @@ def weight_bytes(model: nn.Module) -> int:
 def quantize_named_model(
     model: nn.Module, model_name: str, method: str, w_bit: int, group_size: int
 ) -> nn.Module:
-    """``quantize_model``, reading AWQ's cached scales for ``model_name`` (its weights file's stem) when needed."""
+    """``quantize_model``, reading AWQ's cached scales for ``model_name``
+    (its weights file's stem) when needed."""
     if method not in METHODS:
         raise ValueError(f"quantization method must be one of {METHODS}, got {method!r}")
     params = load_awq_params(model_name, w_bit, group_size) if method == "awq" else None
@@ -132,8 +136,8 @@ def quantize_named_model(
 def build_model(
     quantization: str | None = None, w_bit: int = 4, group_size: int = 64, model: str | None = None
 ) -> tuple[nn.Module, object]:
-    """A float32 CPU ``LlamaModel`` of ``model`` (default: bundled), quantized as asked, its float linears on the
-    CPU paths measured fastest; returns it and its tokenizer (``python -m solutions perplexity``)."""
+    """A float32 CPU ``LlamaModel`` of ``model`` (default: bundled), quantized as asked, its float linears on
+    the CPU paths measured fastest; returns it and its tokenizer (``python -m solutions perplexity``)."""
     weights = load_weights(model)
     net = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
     if quantization is not None:

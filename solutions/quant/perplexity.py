@@ -12,9 +12,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..model.llama import LlamaModel
+
 
 @torch.inference_mode()
-def perplexity(model, token_ids: torch.Tensor, window: int = 512) -> float:
+def perplexity(model: LlamaModel, token_ids: torch.Tensor, window: int = 512) -> float:
     """Perplexity of ``model`` (anything with ``sequence_logits``) on ``token_ids`` ``[L]``, ``L >= 2``."""
     if token_ids.dim() != 1 or len(token_ids) < 2:
         raise ValueError(f"token_ids must be 1-D with at least 2 tokens, got shape {tuple(token_ids.shape)}")

@@ -20,7 +20,8 @@ SUPPORTED_BITS = (2, 3, 4)
 
 @dataclass
 class GroupQuantized:
-    """Integer codes ``q`` uint8 ``[N, K]``; ``scales`` float32 and ``zeros`` uint8, both ``[N, K // group_size]``."""
+    """Integer codes ``q`` uint8 ``[N, K]``; ``scales`` float32 and ``zeros`` uint8,
+    both ``[N, K // group_size]``."""
 
     q: torch.Tensor
     scales: torch.Tensor
@@ -54,7 +55,8 @@ def check_quant_args(in_features: int, w_bit: int, group_size: int, name: str = 
 def quantize(
     weight: torch.Tensor, w_bit: int, group_size: int, max_val: torch.Tensor | None = None
 ) -> GroupQuantized:
-    """Quantize ``weight`` ``[N, K]`` group-wise; ``max_val`` ``[N, K // group_size]`` clips each group first."""
+    """Quantize ``weight`` ``[N, K]`` group-wise;
+    ``max_val`` ``[N, K // group_size]`` clips each group first."""
     n, k = weight.shape
     check_quant_args(k, w_bit, group_size)
     w = weight.float().reshape(n, k // group_size, group_size)

@@ -61,20 +61,20 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_middleware(RequireAPIKey, api_key=state.api_key)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_body(_request: Request, error: RequestValidationError):
+    async def bad_body(_request: Request, error: RequestValidationError) -> JSONResponse:
         return _error(400, _describe_validation(error))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, error: StarletteHTTPException):
+    async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return _error(error.status_code, str(error.detail), kind)
 
     @app.exception_handler(APIError)
-    async def api_error(_request: Request, error: APIError):
+    async def api_error(_request: Request, error: APIError) -> JSONResponse:
         return _error(error.status, error.message, error.type, error.param)
 
     @app.exception_handler(Exception)
-    async def internal_error(_request: Request, error: Exception):
+    async def internal_error(_request: Request, error: Exception) -> JSONResponse:
         log.exception("request failed")
         return _error(500, f"internal error while serving this request: {error!r}", "internal_server_error")
 
@@ -95,13 +95,13 @@ def build_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [card.model_dump()]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest, request: Request) -> Response:
         _check_model(state, body)
         prompts = _bad_input(body.prompts)
         return await _serve(state, request, body, prompts, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         _check_model(state, body)
         conversation = _bad_input(body.conversation)
         tokenizer = state.loop.engine.tokenizer
@@ -349,12 +349,13 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-# --- validation helpers --------------------------------------------------------------------------------------
+# --- validation helpers -------------------------------------------------------------------------------------
 def _check_model(state: ServerState, body: SamplingFields) -> None:
     if body.model != state.model_name:
         raise APIError(
             404,
-            f"the model `{body.model}` does not exist; this server serves `{state.model_name}` (see /v1/models)",
+            f"the model `{body.model}` does not exist; "
+            f"this server serves `{state.model_name}` (see /v1/models)",
             "not_found_error",
             "model",
         )
@@ -391,7 +392,7 @@ def _error(
     return JSONResponse(error_body(status, message, type, param), status_code=status)
 
 
-# --- the process ---------------------------------------------------------------------------------------------
+# --- the process --------------------------------------------------------------------------------------------
 def run_server(
     engine_options: dict[str, Any],
     host: str = "127.0.0.1",

@@ -1,1 +1,2 @@
-"""Speculative decoding (Lesson 4): drafters propose, the target verifies in one pass, rejection sampling keeps it exact."""
+"""Speculative decoding (Lesson 4): drafters propose, the target verifies in one pass,
+rejection sampling keeps it exact."""

@@ -42,8 +42,9 @@ def teacher_forced_acceptance(
     drafter: EagleDrafter, answers: list[tuple[list[int], int, torch.Tensor]], tree_nodes: int = 0
 ) -> Acceptance:
     """Score ``drafter`` on greedy ``answers``: ``(token_ids, prompt_len, features)`` each. At every answer
-    position with a next token, it drafts a chain (``tree_nodes == 0``) or a tree of ``tree_nodes`` nodes below
-    the newest token; then it is handed the real feature of that token, as after a pass that accepted nothing.
+    position with a next token, it drafts a chain (``tree_nodes == 0``) or a tree of ``tree_nodes``
+    nodes below the newest token; then it is handed the real feature of that token, as after a pass
+    that accepted nothing.
     """
     accepted, seconds = [], 0.0
     for index, (token_ids, prompt_len, features) in enumerate(answers):
@@ -55,8 +56,9 @@ def teacher_forced_acceptance(
             if tree_nodes:
                 tree = drafter.propose_tree(request_id, context, tree_nodes)
                 seconds += time.perf_counter() - start
-                # The target's choice below a node at depth d of the answer's path is the answer's token d; the
-                # greedy walk reads choices only along the path it follows, so other nodes' entries never matter.
+                # The target's choice below a node at depth d of the answer's path is the answer's
+                # token d; the greedy walk reads choices only along the path it follows, so
+                # other nodes' entries never matter.
                 choices = [
                     upcoming[d] if d < len(upcoming) else None for d in tree.depths()
                 ]  # None: no choice

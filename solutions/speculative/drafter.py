@@ -103,13 +103,14 @@ class EagleDrafter:
 
     def _catch_up(self, request_ids: list[str], token_ids: list[list[int]]) -> torch.Tensor:
         """Feed every request's pending real features to the head (dropping its speculative entries);
-        returns the head's output at each request's newest pair ``[B, H]``: its guess of the root's feature."""
+        returns the head's output at each request's newest pair ``[B, H]``:
+        its guess of the root's feature."""
         features, next_ids, positions, lengths = [], [], [], []
         for request_id, ids in zip(request_ids, token_ids):
             if not self.ready(request_id, len(ids) - 1):
                 raise RuntimeError(
-                    f"request {request_id}: the drafter holds features up to position {self._known(request_id)}, "
-                    f"but the sequence has {len(ids) - 1} computed tokens"
+                    f"request {request_id}: the drafter holds features up to position "
+                    f"{self._known(request_id)}, but the sequence has {len(ids) - 1} computed tokens"
                 )
             done = self.committed[request_id]
             self.kv.truncate(request_id, done - self.start[request_id])

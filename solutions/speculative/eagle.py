@@ -93,7 +93,8 @@ class EagleHead(nn.Module):
         return self
 
     def use_vocab(self, size: int | None) -> None:
-        """Draft over the ``size`` most frequent tokens of the training data, or the full vocabulary (None)."""
+        """Draft over the ``size`` most frequent tokens of the training data,
+        or the full vocabulary (None)."""
         if self.lm_head_weight is None:
             raise RuntimeError("attach(target) the head before choosing its vocabulary")
         if size is None:
@@ -111,7 +112,8 @@ class EagleHead(nn.Module):
     def forward(
         self, features: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
     ) -> torch.Tensor:
-        """Pairs ``(features [T, H], next_token_ids [T])`` at ``positions [T]`` -> predicted next features ``[T, H]``."""
+        """Pairs ``(features [T, H], next_token_ids [T])`` at
+        ``positions [T]`` -> predicted next features ``[T, H]``."""
         x = self.fc(torch.cat([features, self.embed_weight[next_token_ids]], dim=-1))
         hidden, residual = self.layer(x, None, self.rope_cos[positions], self.rope_sin[positions], attend)
         return hidden + residual
@@ -128,7 +130,8 @@ def target_features(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
 
 
 class DraftKV:
-    """The head's KV cache: per sequence, K and V ``[length, Hkv, D]``, grown by appending, cut by ``truncate``."""
+    """The head's KV cache: per sequence, K and V ``[length, Hkv, D]``,
+    grown by appending, cut by ``truncate``."""
 
     def __init__(self) -> None:
         self.keys: dict[str, torch.Tensor] = {}
@@ -143,7 +146,8 @@ class DraftKV:
             self.values[seq_id] = self.values[seq_id][:length]
 
     def keep(self, seq_id: str, rows: list[int]) -> None:
-        """Keep only the entries at ``rows``, in that order (a tree's accepted path, moved behind its context)."""
+        """Keep only the entries at ``rows``, in that order
+        (a tree's accepted path, moved behind its context)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.keys[seq_id].device)
         self.keys[seq_id] = self.keys[seq_id].index_select(0, index)
         self.values[seq_id] = self.values[seq_id].index_select(0, index)
@@ -211,7 +215,8 @@ def save_head(head: EagleHead, path: str | Path, metadata: dict[str, str]) -> st
 
 def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     """Load a saved head onto ``target`` (in the target's device and dtype) and attach it, for inference: on a
-    CPU its linears run the paths measured fastest there (``kernels/cpu_linear.py``). To train, make a fresh ``EagleHead``.
+    CPU its linears run the paths measured fastest there (``kernels/cpu_linear.py``).
+    To train, make a fresh ``EagleHead``.
 
     Raises FileNotFoundError if there is no file, ValueError if the head does not fit the model.
     """

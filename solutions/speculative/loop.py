@@ -85,7 +85,8 @@ def speculative_generate(
     tree_nodes: int = 0,
     generator: torch.Generator | None = None,
 ) -> LoopResult:
-    """Generate ``max_tokens`` tokens after ``prompt_ids`` (``drafter`` None: plain decoding, one token a pass).
+    """Generate ``max_tokens`` tokens after ``prompt_ids`` (``drafter`` None:
+    plain decoding, one token a pass).
 
     ``tree_nodes > 0`` drafts EAGLE-2 trees of that many nodes (an ``EagleDrafter`` with a tree depth).
     """
@@ -131,8 +132,8 @@ def speculative_generate(
                 )
                 draft_ids = torch.tensor([drafts], dtype=torch.long)
                 num, nxt = verify(
-                    draft_ids, target_probs(logits, temperature)[None], None if probs is None else probs[None],
-                    generators=generator,
+                    draft_ids, target_probs(logits, temperature)[None],
+                    None if probs is None else probs[None], generators=generator,
                 )  # fmt: skip
                 accepted, token = drafts[: int(num[0])], int(nxt[0])
                 rows = list(range(len(accepted) + 1))

@@ -60,7 +60,8 @@ def verify(
         )
     if draft_probs is not None and draft_probs.shape != (batch, k, target_probs.shape[2]):
         raise ValueError(
-            f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, got {tuple(draft_probs.shape)}"
+            f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, "
+            f"got {tuple(draft_probs.shape)}"
         )
     if num_drafts is None:
         num_drafts = torch.full((batch,), k, dtype=torch.long)
@@ -77,7 +78,9 @@ def verify(
     uniforms = torch.stack([torch.rand(k, generator=g) for g in generators]).to(device)
     valid = torch.arange(k, device=device)[None, :] < num_drafts.to(device)[:, None]  # [B, K]
     drafts = draft_token_ids.to(device).clamp(min=0)  # padding ids (-1) only sit at invalid positions
-    # BEGIN SOLUTION Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts); the run ends at the first rejection (or the last valid draft); the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft
+    # BEGIN SOLUTION Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts);
+    #  the run ends at the first rejection (or the last valid draft);
+    #  the next token comes from norm(max(0, p - q)) at that position, or from p itself after the last draft
     # HINT: Walk the drafts left to right: draft i survives with probability min(1, p_i(x_i) / q_i(x_i)), and
     #  the first rejection ends the run. The token after the run comes from the residual norm(max(0, p -
     #  q)) at the rejected position; if every real draft survived nothing was rejected, and the extra
@@ -117,7 +120,8 @@ def verify(
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token from unnormalised ``probs`` ``[V]``; a one-hot row (greedy) takes its argmax, using no randomness."""
+    """One token from unnormalised ``probs`` ``[V]``;
+    a one-hot row (greedy) takes its argmax, using no randomness."""
     top = probs.argmax()
     if probs[top] >= probs.sum():
         return top

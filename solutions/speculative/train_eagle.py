@@ -34,7 +34,8 @@ def features_and_labels(model: LlamaModel, token_ids: list[int]) -> tuple[torch.
 
 
 def _causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One whole sequence's causal attention, q ``[L, Hq, D]``, k/v ``[L, Hkv, D]``, by torch's fused kernel."""
+    """One whole sequence's causal attention, q ``[L, Hq, D]``,
+    k/v ``[L, Hkv, D]``, by torch's fused kernel."""
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
 

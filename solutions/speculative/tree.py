@@ -62,7 +62,8 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
 
     ``parents[0] == -1`` (the root) and ``parents[i] < i``, so a node's row extends its parent's row.
     """
-    # BEGIN SOLUTION Lab 4: each node sees itself and what its parent sees (parents come first, so build row by row)
+    # BEGIN SOLUTION Lab 4: each node sees itself and what its parent sees
+    #  (parents come first, so build row by row)
     # HINT: A drafted node may attend to the root, its own ancestors and itself, never to another branch: row
     #  i of the mask is node i's path from the root.
     # HINT: Start from an [N, N] bool tensor of False. Parents come before children, so fill the rows in
@@ -88,7 +89,8 @@ def tree_positions(parents: list[int], root_position: int) -> torch.Tensor:
 def masked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
-    """Grouped-query attention with an explicit mask: q ``[Tq, Hq, D]``, k/v ``[Lk, Hkv, D]``, visible ``[Tq, Lk]``.
+    """Grouped-query attention with an explicit mask:
+    q ``[Tq, Hq, D]``, k/v ``[Lk, Hkv, D]``, visible ``[Tq, Lk]``.
 
     Softmax in float32; returns ``[Tq, Hq, D]`` in q's dtype. Every row must see at least one key.
     """
@@ -161,8 +163,8 @@ def walk_tree(
 ) -> tuple[list[int], int]:
     """Follow the target down the tree: the accepted path's node indices (root excluded) and the next token.
 
-    ``target_probs`` ``[len(tree), V]``: row ``i`` is the target's distribution for the token after node ``i``.
-    At each node the children are tried in order as deterministic drafts: child ``c`` is kept with
+    ``target_probs`` ``[len(tree), V]``: row ``i`` is the target's distribution for the token after node
+    ``i``. At each node the children are tried in order as deterministic drafts: child ``c`` is kept with
     probability ``p(c)``, else ``p`` loses ``c`` and is renormalised before the next child (exact, as
     chain rejection sampling with one-hot ``q``; greedy ``p`` is one-hot, so this is the argmax walk).
     When no child is kept, the next token is drawn from what is left of ``p``.
@@ -232,7 +234,8 @@ class TreeAttention:
         self.paged, self.k_cache, self.v_cache = paged, k_cache, v_cache
         slot_mapping = paged.meta.slot_mapping
         with_slot, self.slots = kept_slots(slot_mapping)
-        # Every row is a tree's (batch 1) and has a slot: store the K/V, skip the paged attention it would redo.
+        # Every row is a tree's (batch 1) and has a slot:
+        # store the K/V, skip the paged attention it would redo.
         self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(
             self.slots
         )

@@ -1,2 +1,2 @@
-"""One module per ``python -m solutions bench NAME``: its options and its report. What it measures with lives in
-``solutions/bench/``, where the notebooks and tests import it too."""
+"""One module per ``python -m solutions bench NAME``: its options and its report. What it measures with lives
+in ``solutions/bench/``, where the notebooks and tests import it too."""

@@ -26,11 +26,12 @@ from ...bench.step_split import attention_flops, gemm_flops, linear_flops, linea
 from ...kernels.cpu_linear import PATHS, summary
 from ...llm import LLM
 from ...model.cpu_layer_ops import cpu_layer_ops
+from ...model.llama import LlamaModel
 from ...paths import DATA_DIR
 from ...sampling_params import SamplingParams
 
 
-def print_linear_paths(model) -> None:
+def print_linear_paths(model: LlamaModel) -> None:
     """Which path won per weight shape and regime, and the GB/s (GFLOP/s for prefill) each path reached."""
     decisions = getattr(model, "linear_decisions", None)
     if not decisions:
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     max_len = max(args.tokens, args.prefill_tokens) + 64
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    # No prefix caching: the prefill measurement repeats one prompt, which would otherwise be served from the cache.
+    # No prefix caching: the prefill measurement repeats one prompt,
+    # which would otherwise be served from the cache.
     llm = LLM(
         device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False
     )
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print_layer_ops(model)
     print(f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s")
     print(
-        f"weight bytes read per decode token ({args.dtype}): {weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
+        f"weight bytes read per decode token ({args.dtype}): "
+        f"{weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
     )
     print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:")
     print(f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
@@ -129,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     achieved = (prefill_linear_flops + prefill_attention_flops) / prefill_s
     print(
-        f"prefill of {len(prompt_ids)} tokens: {prefill_s:.2f} s = {len(prompt_ids) / prefill_s:.0f} tokens/s, "
-        f"{achieved / 1e9:.0f} GFLOP/s (linears {prefill_linear_flops / 1e9:.0f} + attention "
+        f"prefill of {len(prompt_ids)} tokens: {prefill_s:.2f} s = {len(prompt_ids) / prefill_s:.0f} "
+        f"tokens/s, {achieved / 1e9:.0f} GFLOP/s (linears {prefill_linear_flops / 1e9:.0f} + attention "
         f"{prefill_attention_flops / 1e9:.0f} GFLOP) vs the linears alone at {len(prompt_ids)} rows: "
         f"{gemm / 1e9:.0f} GFLOP/s -> {achieved / gemm:.0%} of measured GEMM FLOP/s"
     )
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_layer_ops(model) -> None:
+def print_layer_ops(model: LlamaModel) -> None:
     """Which layer ops the model runs, and for a measured CPU choice each chain's winner and timings."""
     decisions = getattr(model, "layer_ops_decisions", None)
     print(f"layer ops: {model.ops.name}" + (" (measured at load, cached per machine):" if decisions else ""))

@@ -3,9 +3,9 @@
 For each named shape (a real model's config with random bfloat16 weights, see ``model_shapes``) it measures:
 
 - decode: batch-1 decode tok/s of this engine eager (``enforce_eager=True``), this engine with its default
-  (CUDA graphs where the engine has them), on CUDA the same with INT4 weights (W4A16: RTN codes in AWQ's format,
-  which time as AWQ's do) and Hugging Face ``generate`` on the same folder, against the roofline (weight bytes
-  per token over the measured copy bandwidth);
+  (CUDA graphs where the engine has them), on CUDA the same with INT4 weights (W4A16: RTN codes in AWQ's
+  format, which time as AWQ's do) and Hugging Face ``generate`` on the same folder, against the roofline
+  (weight bytes per token over the measured copy bandwidth);
 - profile: one decode step's wall time vs GPU busy time, kernels, host syncs and copies (``torch.profiler``);
 - sweep: steady-state decode at batch 1, 2, 4, ... max_num_seqs: per-request and aggregate tok/s;
 - throughput: nano-vllm's workload (``benchmarks/bench.py`` there: 256 requests, random token ids below
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=None,
         metavar="SHAPE",
-        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: {' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
+        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: "
+        f"{' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
     )
     parser.add_argument(
         "--sections",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ def weight_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
     ]
 
 
-def median_ms(fn, device: str, repeats: int) -> float:
+def median_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
     if device == "cuda":
         import triton.testing
 

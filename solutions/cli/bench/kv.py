@@ -1,4 +1,5 @@
-"""``python -m solutions bench kv``: where KV memory goes, paged vs contiguous, and what a cached prefix saves.
+"""``python -m solutions bench kv``: where KV memory goes, paged vs contiguous,
+and what a cached prefix saves.
 
 1. Memory, for one request mix (no model needed): a contiguous cache reserves ``max_model_len`` rows
    per running sequence for its whole life; a paged cache holds ``ceil(tokens / block_size)`` blocks,
@@ -31,12 +32,13 @@ def _print_ttft(args: argparse.Namespace) -> float:
     result = measure_prefix_ttft(llm, args.prefix_len, args.rounds)
     cached, uncached = statistics.median(result.cached), statistics.median(result.uncached)
     print(
-        f"\nTTFT, {args.prefix_len}-token shared prefix + a question, one request at a time, medians of {args.rounds} "
-        f"({llm.engine.config.device}, {llm.engine.config.dtype}):"
+        f"\nTTFT, {args.prefix_len}-token shared prefix + a question, one request at a time, "
+        f"medians of {args.rounds} ({llm.engine.config.device}, {llm.engine.config.dtype}):"
     )
     print(f"  prefix not cached: {1e3 * uncached:8.1f} ms")
     print(
-        f"  prefix cached:     {1e3 * cached:8.1f} ms   ({statistics.median(result.hit_tokens)} tokens reused)"
+        f"  prefix cached:     {1e3 * cached:8.1f} ms   "
+        f"({statistics.median(result.hit_tokens)} tokens reused)"
     )
     return result.speedup
 
@@ -46,8 +48,9 @@ def _print_memory(args: argparse.Namespace) -> tuple[float, float]:
     mix = table["mix"]
     mean = lambda values: sum(values) / len(values)
     print(
-        f"request mix: {len(mix)} requests, mean prompt {mean([s.prompt_len for s in mix]):.0f} and output "
-        f"{mean([s.output_len for s in mix]):.0f} tokens (log-normal, ShareGPT's means), max_model_len {args.max_model_len}"
+        f"request mix: {len(mix)} requests, mean prompt {mean([s.prompt_len for s in mix]):.0f} "
+        f"and output {mean([s.output_len for s in mix]):.0f} tokens (log-normal, ShareGPT's means), "
+        f"max_model_len {args.max_model_len}"
     )
     print(f"budget: {table['budget_rows']} KV rows ({args.budget_seqs} sequences of max_model_len)")
     print(f"{'KV cache':48} {'holds tokens':>12} {'waste':>7} {'concurrent':>10}")
@@ -65,8 +68,9 @@ def _gpu_kernel_line() -> str:
         return "paged decode kernel GB/s vs copy bandwidth: needs CUDA (this machine has none)"
     r = decode_kernel_bandwidth(batch=64, context=2048)
     return (
-        f"paged decode kernel, batch 64, context 2048, {r['dtype']}: {r['gbps']:.0f} GB/s = {r['fraction']:.0%} of "
-        f"copy bandwidth {r['copy_gbps']:.0f} GB/s (goal >= {r['goal']:.0%}) on {r['device']}"
+        f"paged decode kernel, batch 64, context 2048, {r['dtype']}: "
+        f"{r['gbps']:.0f} GB/s = {r['fraction']:.0%} of copy bandwidth {r['copy_gbps']:.0f} GB/s "
+        f"(goal >= {r['goal']:.0%}) on {r['device']}"
     )
 
 
@@ -98,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ttft:
         speedup = _print_ttft(args)
         goals.append(
-            f"TTFT with the {args.prefix_len}-token prefix cached: {speedup:.1f}x faster (goal >= {GOAL_TTFT:.0f}x)"
+            f"TTFT with the {args.prefix_len}-token prefix cached: "
+            f"{speedup:.1f}x faster (goal >= {GOAL_TTFT:.0f}x)"
         )
     goals.append(_gpu_kernel_line())
     print("\n".join(["", "goals:"] + [f"  {line}" for line in goals]))

@@ -11,9 +11,9 @@
 - Varlen paged prefill of fresh sequences is compute-bound: TFLOP/s as in ``bench attention`` (4 * Lq * Lk * D
   per head, halved for causal), beside SDPA on the same sequences stored densely. Goal: at least 0.9x SDPA.
 
-Times are ``triton.testing.do_bench`` medians (L2 flushed before each run). ``--smoke`` (any machine) runs the same code on tiny shapes,
-through the Triton interpreter on a CPU (``import solutions`` chooses it there): a check of this code, never a
-figure. The table is printed last, with the machine's name.
+Times are ``triton.testing.do_bench`` medians (L2 flushed before each run). ``--smoke`` (any machine) runs
+the same code on tiny shapes, through the Triton interpreter on a CPU (``import solutions`` chooses it there):
+a check of this code, never a figure. The table is printed last, with the machine's name.
 """
 
 from __future__ import annotations

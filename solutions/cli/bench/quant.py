@@ -55,7 +55,8 @@ def _gpu_table(w_bit: int, group_size: int) -> None:
         )
         nbytes = qweight.nbytes + scales.nbytes + g.zeros.nbytes
         print(
-            f"{f'{n} x {k}':<16}{fp16 * 1e3:>10.1f}{w4 * 1e3:>10.1f}{fp16 / w4:>9.2f}x{nbytes / w4 / 1e6:>12.0f}"
+            f"{f'{n} x {k}':<16}{fp16 * 1e3:>10.1f}{w4 * 1e3:>10.1f}"
+            f"{fp16 / w4:>9.2f}x{nbytes / w4 / 1e6:>12.0f}"
         )
 
 
@@ -115,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine_name('cpu')}, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}")
     print(f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)")
     print(
-        "'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared with)"
+        "'fp32' is the bundled Q4_1 GGUF dequantized to float32 "
+        "(the reference every setting is compared with)"
     )
     print(
-        f"perplexity, first {args.ppl_tokens} tokens of each text, windows of 512 (none of them used in calibration):"
+        f"perplexity, first {args.ppl_tokens} tokens of each text, windows of 512 "
+        "(none of them used in calibration):"
     )
     print(f"{'text':<20}{'fp32':>9}{'RTN':>9}{'AWQ':>9}{'RTN gap':>9}{'AWQ gap':>9}{'AWQ/RTN':>9}")
     for label in texts:
         fp32, rtn, awq = (ppl[(label, name)] for name in SETTINGS)
         ratio = (awq - fp32) / (rtn - fp32) if rtn != fp32 else float("nan")
         print(
-            f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}"
+            f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}"
+            f"{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}"
         )
     print("goal: AWQ's gap <= 0.5 of RTN's on each text (paper, Llama-2-7B g128: 0.50)")
     print(f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}, engines alternating")

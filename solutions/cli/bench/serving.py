@@ -1,4 +1,5 @@
-"""The server under load, in the manner of vLLM's ``benchmark_serving``: ``python -m solutions bench serving``.
+"""The server under load, in the manner of vLLM's ``benchmark_serving``:
+``python -m solutions bench serving``.
 
 Requests (chat prompts from data/prompts/, greedy, ``ignore_eos`` so each makes exactly ``--max-tokens``)
 arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at once, saturation), at most
@@ -11,10 +12,10 @@ arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at on
 By default it starts its own server (loopback only) with the engine options given, runs the same requests
 offline through ``LLM.generate`` in the same run, and prints the server's throughput as a fraction of the
 offline one. With ``--rounds R`` the server's pass and the offline pass alternate R times (server first in
-odd rounds, offline first in even ones) and the figures pool the rounds: on a shared machine the load drifts within minutes, and alternating lets the drift hit
-both sides alike (the per-round ratios show how much it moved). Both sides run under the same
-environment (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ...), which the server process inherits.
-Writes a JSON of every figure and per-request time, and a plot.
+odd rounds, offline first in even ones) and the figures pool the rounds: on a shared machine the load drifts
+within minutes, and alternating lets the drift hit both sides alike (the per-round ratios show how much it
+moved). Both sides run under the same environment (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ...), which the
+server process inherits. Writes a JSON of every figure and per-request time, and a plot.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 
 def parse_slos(items: list[str]) -> dict[str, float]:
-    """``--goodput``'s ``NAME:MS`` items as ``{name: milliseconds}``; a name other than ttft, tpot or e2el is an
-    error naming it."""
+    """``--goodput``'s ``NAME:MS`` items as ``{name: milliseconds}``; a name other than ttft, tpot or
+    e2el is an error naming it."""
     slos = {}
     for item in items:
         name, _, value = item.partition(":")
@@ -205,7 +206,8 @@ def _print(s: dict[str, Any], out: Path) -> None:
     for name in ("ttft", "tpot", "itl", "e2el"):
         st = s[name]
         print(
-            f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  p99 {st['p99_ms']:.1f}"
+            f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  "
+            f"p99 {st['p99_ms']:.1f}"
         )
     if "offline" in s:
         off = s["offline"]
@@ -219,19 +221,22 @@ def _print(s: dict[str, Any], out: Path) -> None:
             ]
             print("server / offline per round: " + ", ".join(f"{x:.3f}" for x in per_round))
         print(
-            f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: {'met' if ratio >= 0.85 else 'NOT met'})"
+            f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: "
+            f"{'met' if ratio >= 0.85 else 'NOT met'})"
         )
         cpu = s["cpu_ms_per_output_token"]
         print(
-            f"CPU ms per output token: server {cpu['server']:.2f} + load generator {cpu['client']:.2f} vs offline "
-            f"{cpu['offline']:.2f}; offline / (server + load generator): "
+            f"CPU ms per output token: server {cpu['server']:.2f} + load generator "
+            f"{cpu['client']:.2f} vs offline {cpu['offline']:.2f}; offline / (server + load generator): "
             f"{cpu['offline'] / (cpu['server'] + cpu['client']):.3f}"
         )
         if ratio > 1.15:
             print(
-                "  (the server cannot beat the engine it runs on: the machine's load changed between the two runs)"
+                "  (the server cannot beat the engine it runs on: "
+                "the machine's load changed between the two runs)"
             )
     print(
-        f"goal: {s['completed'] + s['failed']} requests, none lost: {'met' if s['failed'] == 0 else 'NOT met'}"
+        f"goal: {s['completed'] + s['failed']} requests, none lost: "
+        f"{'met' if s['failed'] == 0 else 'NOT met'}"
     )
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")

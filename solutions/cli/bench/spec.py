@@ -8,7 +8,8 @@ plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when `
 (an optional peer: its outputs come from other weights, so they are timed, not compared).
 
 ``--offline`` instead scores EAGLE chains and trees of several sizes teacher-forced on the held-back greedy
-answers (``speculative.acceptance``): the τ each could reach, and its drafting time, with no target pass per step.
+answers (``speculative.acceptance``): the τ each could reach, and its drafting
+time, with no target pass per step.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--offline",
         action="store_true",
-        help="instead: teacher-forced tau of EAGLE chains and trees of several sizes on the held-back greedy answers",
+        help="instead: teacher-forced tau of EAGLE chains and trees of several sizes on the "
+        "held-back greedy answers",
     )
     parser.add_argument("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
     args = parser.parse_args(argv)
@@ -125,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
           f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
     print(
-        f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, {args.tree_nodes} nodes kept"
+        f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, "
+        f"{args.tree_nodes} nodes kept"
     )
     goal = f"goal: AWQ batch-1 >= {GOALS['vs_llama_cpp']}x llama.cpp Q4_1"
     if llama_cpp is None:
         print(
-            f"llama.cpp comparison ({goal}): not run, llama_cpp is not installed (pip install llama-cpp-python)"
+            f"llama.cpp comparison ({goal}): not run, llama_cpp is not installed "
+            "(pip install llama-cpp-python)"
         )
     else:
         peer = tokens["llama.cpp Q4_1 (peer)"] / seconds["llama.cpp Q4_1 (peer)"]
@@ -142,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {count} of {len(rows)} outputs DIFFER from its plain engine's")
         if "AWQ" in name:  # expected: not a failure of the method, a property of reduced-precision kernels
             print(
-                "  (bfloat16 activations: a verify pass computes each position among several rows, plain decoding "
-                "one row at a time; the rounding differs, so a near-tie can flip. The tests hold AWQ + EAGLE to "
-                "plain AWQ token for token with float32 activations.)"
+                "  (bfloat16 activations: a verify pass computes each position among several rows, "
+                "plain decoding one row at a time; the rounding differs, so a near-tie can flip. "
+                "The tests hold AWQ + EAGLE to plain AWQ token for token with float32 activations.)"
             )
     return 1 if any("AWQ" not in name for name in differ) else 0
 
@@ -161,8 +165,8 @@ OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree node
 
 
 def offline(indices: list[int], head_path: str | None = None) -> int:
-    """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one) on the
-    held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
+    """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one)
+    on the held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
     float32, no target pass per step."""
     lines = (SPEC_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
@@ -179,6 +183,7 @@ def offline(indices: list[int], head_path: str | None = None) -> int:
         shares = "  ".join(f"{result.at_least(d):.2f}" for d in range(1, 5))
         print(f"{name:32s} | {result.tau:5.2f} | {shares:>25s} | {result.draft_seconds * 1e3:8.1f}")
     print(
-        f"goal: tau >= {GOALS['tau_tree']} with trees (the engine's tau can differ where a verify pass breaks a near-tie)"
+        f"goal: tau >= {GOALS['tau_tree']} with trees (the engine's tau can differ where a verify "
+        "pass breaks a near-tie)"
     )
     return 0

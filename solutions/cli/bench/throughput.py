@@ -1,4 +1,5 @@
-"""``python -m solutions bench throughput``: offline throughput of continuous batching, side by side in one run.
+"""``python -m solutions bench throughput``:
+offline throughput of continuous batching, side by side in one run.
 
 One workload (N requests, prompt lengths 16-512 and output lengths 16-256, drawn with a seed; prompts are
 windows of real text; EOS ignored so every request produces exactly its length) runs through:
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_hf:
         hf = load_hf_model()
         results.append(run_hf_static(hf, workload, args.hf_batch, pad_id=llm.tokenizer.eos_token_id or 0))
-    # The price of sampling: the same batch drawing every token from its top-p set instead of taking the argmax.
-    # A fresh engine: the first one's prefix cache holds every prompt by now.
+    # The price of sampling: the same batch drawing every token from its top-p set instead of taking the
+    # argmax. A fresh engine: the first one's prefix cache holds every prompt by now.
     fresh = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
     results.append(
         run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95)
@@ -55,13 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     ours = results[0]
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights")
     print(
-        f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} tokens/s"
+        f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} "
+        f"GFLOP/s = {ceiling:.0f} tokens/s"
     )
     print(f"{'':<40}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}")
     for r in results:
         ratio = ours.output_tokens_per_s / r.output_tokens_per_s
         print(
-            f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x"
+            f"{r.name:<40}{r.wall_s:>8.1f}{r.output_tokens_per_s:>11.1f}"
+            f"{r.total_tokens_per_s:>13.1f}{ratio:>8.1f}x"
         )
     print("goals:")
     print(f"  >= 8x one-at-a-time:       {ours.output_tokens_per_s / results[1].output_tokens_per_s:.1f}x")
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  >= 4x HF static batching:  {ours.output_tokens_per_s / results[2].output_tokens_per_s:.1f}x"
         )
     print(
-        f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} (total tokens/s over the ceiling)"
+        f"  >= 50% of compute ceiling: {ours.total_tokens_per_s / ceiling:.0%} "
+        "(total tokens/s over the ceiling)"
     )
     return 0
