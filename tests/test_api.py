@@ -139,8 +139,9 @@ def test_top_k_top_p_filter(load):
 
 
 def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
-    """The filter ranks only each row's ``CANDIDATES`` largest logits unless a row's set reaches past them: a
-    flat row (its top-p set holds most of the vocabulary) and a peaked one must keep what sorting all gives."""
+    """The filter ranks only each row's ``CANDIDATES`` largest logits unless a row's set reaches past
+    them: a flat row (its top-p set holds most of the vocabulary) and a peaked one must keep what
+    sorting all gives."""
     sampler = load("kernels.sampling")
     generator = torch.Generator().manual_seed(0)
     vocab = 4 * sampler.CANDIDATES
@@ -184,8 +185,8 @@ def test_sample_draws_from_each_row_and_seeds_reproduce(load):
 
 
 def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):
-    """A seeded row's number is a function of (seed, position): the same wherever the row sits, spread evenly over
-    [0, 1) along a sequence's positions and across seeds."""
+    """A seeded row's number is a function of (seed, position): the same wherever the row sits, spread evenly
+    over [0, 1) along a sequence's positions and across seeds."""
     sampler = load("kernels.sampling")
     counters = torch.arange(20000)
     along = sampler.counter_uniforms(torch.full_like(counters, 7), counters)
@@ -205,7 +206,8 @@ def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):
 
 
 def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):
-    """The fixture engine runs 8 sequences at once: 11 prompts still all complete, each with its own answer."""
+    """The fixture engine runs 8 sequences at once: 11 prompts still all complete,
+    each with its own answer."""
     params = sp(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [f"Item number {i} on my list is" for i in range(11)]
     batched = llm.generate(prompts, params)

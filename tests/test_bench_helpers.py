@@ -42,8 +42,9 @@ def test_step_split_counts_every_linear_of_a_step():
     from solutions.model.llama import LlamaModel
 
     config = ModelConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=True,
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=64, tie_word_embeddings=True,
     )  # fmt: skip
     with torch.device("meta"):
         model = LlamaModel(config)

@@ -48,7 +48,7 @@ def expect_value_error(call, match: str, why: str) -> None:
     raise AssertionError(f"{why}, but no ValueError was raised")
 
 
-# ---------------------------------------------------------------- the allocator alone
+# -------------------------------------------------------------- the allocator alone
 
 
 def test_allocator_never_hands_out_the_null_block(allocator_module):
@@ -132,13 +132,14 @@ def test_allocator_random_operations_keep_every_block_once(allocator_module, num
                 range(1, num_blocks)
             ), "every block must be exactly one of: free, in use, held"
             assert allocator.ref_counts[1:] == refs[1:], (
-                f"reference counts {allocator.ref_counts[1:]}, expected {refs[1:]} after {op}: decref subtracts one"
+                f"reference counts {allocator.ref_counts[1:]}, expected {refs[1:]} after {op}: "
+                "decref subtracts one"
             )
 
     run()
 
 
-# ---------------------------------------------------------------- fork, copy-on-write, free
+# -------------------------------------------------------------- fork, copy-on-write, free
 
 
 def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager_class):
@@ -168,7 +169,8 @@ def test_fork_shares_blocks_and_the_first_write_copies_the_partial_block(manager
     assert manager.take_copies() == [(parent_table[2], child_table[2])], "queue (src, dst) for the runner"
     assert manager.take_copies() == [], "take_copies clears the queue"
     assert manager.num_used_blocks == used + 1, (
-        f"{manager.num_used_blocks} blocks in use after one copy-on-write, expected {used + 1}: one fresh block"
+        f"{manager.num_used_blocks} blocks in use after one copy-on-write, expected {used + 1}: "
+        "one fresh block"
     )
     assert manager.allocator.ref_counts[parent_table[2]] == 1, "the child dropped its reference to the source"
 
@@ -184,8 +186,8 @@ def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
         "one token after a fork, 7 blocks free: allocate_slots must succeed"
     )
     assert len(manager.block_table("c")) == 3 and manager.block_table("c")[:2] == manager.block_table("p"), (
-        f"the child's table {manager.block_table('c')} after writing position 8: the parent's two full blocks, "
-        "shared, then one new block"
+        f"the child's table {manager.block_table('c')} after writing position 8: the parent's two full "
+        "blocks, shared, then one new block"
     )
     assert manager.take_copies() == [], "a new block needs no copy: nothing of the child's is in it yet"
 
@@ -248,7 +250,7 @@ def test_slot_mapping_is_block_times_block_size_plus_offset(manager_class):
         manager.slot_mapping("a", 0, 9)
 
 
-# ---------------------------------------------------------------- random sequences against a model of KV memory
+# -------------------------------------------------------------- random sequences against a model of KV memory
 
 VOCAB = st.integers(0, 3)  # a tiny vocabulary: forks diverge often, but prompts share prefixes too
 STEMS = [[], [7, 7, 1, 2, 3, 4, 5, 6], [7, 7, 1, 2, 9, 9, 9, 9, 9, 9]]
@@ -310,8 +312,8 @@ def manager_machine(manager_class):
                 assert block != 0, "the null block was handed to a request"
                 sharers = [rid for rid, t in tables.items() if block in t and rid != request.request_id]
                 assert not sharers, (
-                    f"{request.request_id} writes position {position} into block {block}, still listed by {sharers}: "
-                    "copy-on-write must replace a shared block before it is written"
+                    f"{request.request_id} writes position {position} into block {block}, still listed by "
+                    f"{sharers}: copy-on-write must replace a shared block before it is written"
                 )
                 assert not self.manager.prefix_cache.is_cached(block), (
                     f"block {block} is written while registered in the prefix cache: its key would lie"
@@ -404,8 +406,9 @@ def manager_machine(manager_class):
             free, evictable = m.allocator.free_blocks(), m.prefix_cache.evictable_blocks()
             cached_but_free = [b for b in free if m.prefix_cache.is_cached(b)]
             assert not cached_but_free, (
-                f"blocks {cached_but_free} are on the free list but still in the prefix cache: a cached block whose "
-                "count reaches 0 waits on the LRU (prefix_cache.park) and is forgotten only when evicted"
+                f"blocks {cached_but_free} are on the free list but still in the prefix cache: a "
+                "cached block whose count reaches 0 waits on the LRU (prefix_cache.park) and is "
+                "forgotten only when evicted"
             )
             in_use = sorted(listed)
             everything = sorted(free + evictable + in_use)
@@ -432,9 +435,10 @@ def manager_machine(manager_class):
                 for position in range(request.num_computed):
                     row = table[position // bs] * bs + position % bs
                     assert self.memory.get(row) == request.token_ids[position], (
-                        f"{request.request_id} reads {self.memory.get(row)} at position {position} (block "
-                        f"{table[position // bs]}) instead of {request.token_ids[position]}: a block it uses was "
-                        "overwritten (shared without copy-on-write, evicted while in use, or a wrong prefix hit)"
+                        f"{request.request_id} reads {self.memory.get(row)} at position {position} "
+                        f"(block {table[position // bs]}) instead of {request.token_ids[position]}: a "
+                        "block it uses was overwritten (shared without copy-on-write, evicted while in "
+                        "use, or a wrong prefix hit)"
                     )
 
     return ManagerMachine

@@ -94,7 +94,8 @@ def hf_model(tie: bool, rope: dict | None = LLAMA3_ROPE):
 
 
 def write_hf_folder(folder: Path, model, rope: dict | None, generation_eos: list[int] | None = None) -> Path:
-    """save_pretrained, then config.json rewritten in Llama-3.2's layout (``rope_scaling`` + ``rope_theta``)."""
+    """save_pretrained, then config.json rewritten in Llama-3.2's layout
+    (``rope_scaling`` + ``rope_theta``)."""
     model.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     config.pop("rope_parameters")
@@ -159,7 +160,8 @@ def write_gguf(
     eot: int | None = EOT,
     extra_strings: dict[str, str] | None = None,
 ) -> Path:
-    """The model's weights as llama.cpp lays them out: names, Q/K row order, norms in F32, ``qtype`` for matrices."""
+    """The model's weights as llama.cpp lays them out: names, Q/K row order, norms in F32,
+    ``qtype`` for matrices."""
     import gguf
     from gguf.quants import quantize
 
@@ -222,7 +224,8 @@ def write_gguf(
 
 
 def hf_from_gguf(path: Path, rope: dict | None):
-    """transformers loading our GGUF: it reads no RoPE scaling for llama GGUFs, so it is told (from config.json)."""
+    """transformers loading our GGUF: it reads no RoPE scaling for llama GGUFs, so it is told
+    (from config.json)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 

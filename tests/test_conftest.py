@@ -1,5 +1,5 @@
-"""The shared test machinery in ``conftest.py``: a missing bundled model skips the tests that need it (with that
-reason) instead of failing them, whichever way they load it; any other error still fails."""
+"""The shared test machinery in ``conftest.py``: a missing bundled model skips the tests that need it (with
+that reason) instead of failing them, whichever way they load it; any other error still fails."""
 
 from __future__ import annotations
 

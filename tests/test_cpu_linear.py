@@ -1,4 +1,5 @@
-"""The measured CPU linear paths: each computes F.linear's output, and the decision cache is never trusted blindly."""
+"""The measured CPU linear paths: each computes F.linear's output,
+and the decision cache is never trusted blindly."""
 
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ def test_decisions_taken_on_a_busy_machine_are_retaken_when_it_is_quiet(cache, m
 
 
 def test_fastest_linear_wraps_a_bare_matrix_without_copying_it(monkeypatch):
-    """For a matrix held as a tensor (the EAGLE head's draft vocabulary rows): ``x @ W.T``, W's storage shared."""
+    """For a matrix held as a tensor (the EAGLE head's draft vocabulary rows): ``x @ W.T``,
+    W's storage shared."""
     monkeypatch.setenv(cpu_linear.FORCE_ENV, "transposed")
     weight = torch.randn(48, 16)
     linear = cpu_linear.fastest_linear(weight)

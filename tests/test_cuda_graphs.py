@@ -1,7 +1,7 @@
-"""The GPU step: decode graphs replay exactly what eager steps compute, and a steady-state step reads the device
-once. The graph logic runs on a CPU through ``RecordedCall`` (capture keeps the function over the static buffers,
-replay calls it again); the same checks with real CUDA graphs, the sync count and the HF oracle on CUDA run only
-where a GPU is present."""
+"""The GPU step: decode graphs replay exactly what eager steps compute, and a steady-state step reads the
+device once. The graph logic runs on a CPU through ``RecordedCall`` (capture keeps the function over the
+static buffers, replay calls it again); the same checks with real CUDA graphs, the sync count and the HF
+oracle on CUDA run only where a GPU is present."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def run_schedule(llm, arrivals: list[tuple[int, list[int], SamplingParams]]) -> 
 
 
 def arrivals(batch: int) -> list[tuple[int, list[int], SamplingParams]]:
-    """``batch`` requests at first, two more joining later; lengths differ so requests finish at different steps."""
+    """``batch`` requests at first, two more joining later;
+    lengths differ so requests finish at different steps."""
     g = torch.Generator().manual_seed(batch)
     out = []
     for i in range(batch + 2):
@@ -82,7 +83,8 @@ def test_recorded_graphs_replay_what_eager_steps_compute(tiny_folder, batch):
 
 
 def test_preemption_happens_in_the_graph_schedule(tiny_folder):
-    """The cache above holds 17 usable blocks: the 5-request schedule must preempt, or the test proves less."""
+    """The cache above holds 17 usable blocks: the 5-request schedule must preempt,
+    or the test proves less."""
     llm = make_llm(tiny_folder, kv_cache_memory=18 * BLOCK_BYTES)
     engine = llm.engine
     engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
@@ -94,7 +96,8 @@ def test_preemption_happens_in_the_graph_schedule(tiny_folder):
 
 
 def count_host_reads(monkeypatch) -> list[str]:
-    """Patch the Tensor methods that turn device values into host values; record each call made from engine/."""
+    """Patch the Tensor methods that turn device values into host values;
+    record each call made from engine/."""
     calls: list[str] = []
     engine_dir = str(Path(__file__).resolve().parents[1] / "solutions" / "engine")
     for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"):
@@ -112,8 +115,8 @@ def count_host_reads(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-graphs"])
 def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, graphs):
-    """The hot path (engine/: runner, input batch, sampler, engine) converts exactly one tensor to host values per
-    step, the sampled ids, for greedy rows and sampled ones (temperature, top-k, seeded or not)."""
+    """The hot path (engine/: runner, input batch, sampler, engine) converts exactly one tensor to host values
+    per step, the sampled ids, for greedy rows and sampled ones (temperature, top-k, seeded or not)."""
     llm = make_llm(tiny_folder)
     engine = llm.engine
     if graphs:
@@ -137,8 +140,8 @@ def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, gr
 
 
 def test_forked_completions_beyond_max_num_seqs_get_rows(tiny_folder):
-    """n > 1 completions fork after the prompt's prefill, so the running requests may outnumber max_num_seqs: the
-    persistent batch grows its rows instead of failing."""
+    """n > 1 completions fork after the prompt's prefill, so the running requests may outnumber max_num_seqs:
+    the persistent batch grows its rows instead of failing."""
     llm = make_llm(tiny_folder, max_num_seqs=2)
     params = SamplingParams(temperature=0.8, n=3, max_tokens=6, ignore_eos=True, seed=1)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -158,7 +161,7 @@ def test_seeded_sampling_is_the_same_alone_and_batched(tiny_folder):
     assert batched[1].outputs[0].token_ids == alone
 
 
-# -- on a CUDA GPU ---------------------------------------------------------------------------------------------
+# -- on a CUDA GPU -------------------------------------------------------------------------------------------
 
 
 @requires_cuda
@@ -222,7 +225,8 @@ def test_fp32_greedy_on_cuda_equals_hugging_face_fp32(tiny_folder):
 
 @requires_cuda
 def test_bf16_engine_logits_match_hugging_face_bf16_on_cuda(tiny_folder):
-    """bfloat16 rounds differently in every kernel: the last prompt token's logits agree within 2% (relative)."""
+    """bfloat16 rounds differently in every kernel:
+    the last prompt token's logits agree within 2% (relative)."""
     prompt = [7, 3, 99, 12, 5, 41, 8, 8]
     _, expected = hf_greedy(tiny_folder, prompt, 1, torch.bfloat16)
     llm = make_llm(tiny_folder, "cuda", dtype="bfloat16")

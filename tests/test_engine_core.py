@@ -48,7 +48,8 @@ def test_batched_paged_output_equals_each_prompt_alone(llm, sp, alone):
 
 
 def test_preemption_under_a_small_cache_changes_no_token(load, sp, alone):
-    """Nine usable blocks cannot hold six sequences of two blocks each: requests are preempted and recomputed."""
+    """Nine usable blocks cannot hold six sequences of two blocks each:
+    requests are preempted and recomputed."""
     small = make_llm(load, max_model_len=128, max_num_seqs=6, kv_cache_memory=10 * BLOCK_BYTES)
     outs = small.generate(PROMPTS, sp(temperature=0, max_tokens=24, ignore_eos=True))
     assert sum(o.metrics.num_preemptions for o in outs) > 0, "the budget was meant to force preemption"
@@ -186,8 +187,8 @@ def test_snapshots_do_not_share_mutable_state(llm, sp):
 
 @pytest.mark.interpreter  # a CPU engine on the Triton kernels
 def test_triton_backend_gives_the_same_tokens(load, sp, llm):
-    """The Lesson 2 kernels (store_kv, the varlen paged prefill, the paged decode; through the interpreter on CPU)
-    drive the engine to the same greedy tokens as the torch path."""
+    """The Lesson 2 kernels (store_kv, the varlen paged prefill, the paged decode; through the interpreter on
+    CPU) drive the engine to the same greedy tokens as the torch path."""
     triton_llm = make_llm(load, max_model_len=256, attention_backend="triton")
     prompts = ["The capital of France is", "The capital of France is a city"]
     params = sp(temperature=0, max_tokens=4, ignore_eos=True)

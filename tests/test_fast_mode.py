@@ -184,8 +184,9 @@ class Scenario:
 def epyc_profile(planner, with_awq: bool, drafters: tuple[str, ...]):
     """The quiet 2-core AMD EPYC (Zen 4) of the README's wave-2 runs (one consistent set; the README keeps
     them beside the newer ones): `bench decode` (538 MB of float32 weights a token, their linears 30.8 ms,
-    1000-token prefill 2.15 s), `bench quant` (AWQ's INT4 linears 6.4 ms at 11.8 GB/s), `bench spec` (the batch-1 step of each format, tau), `bench spec --offline` (drafting ms a
-    step) and notebook 04's section 1 (a pass over 16 tokens against one: 1.15x float32, 2.46x INT4)."""
+    1000-token prefill 2.15 s), `bench quant` (AWQ's INT4 linears 6.4 ms at 11.8 GB/s), `bench spec` (the
+    batch-1 step of each format, tau), `bench spec --offline` (drafting ms a step) and notebook 04's section 1
+    (a pass over 16 tokens against one: 1.15x float32, 2.46x INT4)."""
     fp32_step, awq_step = 1 / 17.7, 1 / 45.4
     fp32 = planner.WeightFormat(
         "fp32",

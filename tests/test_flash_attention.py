@@ -131,8 +131,9 @@ def test_online_softmax_update_matches_softmax(fa):
         m, denom, acc = fa.online_softmax_update(m, denom, acc, s[:, start : start + 8], v[start : start + 8])
         if not torch.isfinite(acc).all() or not torch.isfinite(denom).all():
             raise AssertionError(
-                f"after keys 0..{start + 7}, acc or denom holds NaN. Row 0's first block is fully masked (all -inf), "
-                "so its max stays -inf and exp(-inf - (-inf)) = NaN: where the new max is -inf, subtract 0 instead"
+                f"after keys 0..{start + 7}, acc or denom holds NaN. Row 0's first block is fully masked "
+                "(all -inf), so its max stays -inf and exp(-inf - (-inf)) = NaN: where the new max is "
+                "-inf, subtract 0 instead"
             )
     got = acc / denom[:, None]
     err = (got - torch.softmax(s, -1) @ v).abs().max().item()
@@ -214,7 +215,8 @@ def test_model_logits_triton_equal_torch(load, llm, monkeypatch):
 @pytest.mark.interpreter  # a CPU engine on the Triton kernels
 @pytest.mark.needs_model
 def test_engine_option_selects_the_triton_kernels(load, fa, monkeypatch):
-    """``LLM(attention_backend="triton")`` runs the paged Triton kernel, built on the online-softmax step under test."""
+    """``LLM(attention_backend="triton")`` runs the paged Triton kernel,
+    built on the online-softmax step under test."""
     paged = load("kernels.paged_attention")
     assert paged._online_softmax_step is fa._online_softmax_step, "the paged kernel must use Lab 1's step"
     monkeypatch.delenv("FASTMODE_ATTENTION", raising=False)

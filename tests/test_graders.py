@@ -61,8 +61,8 @@ def grade(root: Path, lab: str, *pytest_args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def write_lab(scratch):
-    """``write_lab(lab, rel, old, new)``: every labs/ file of ``lab`` solved, and in ``rel`` ``old`` replaced by
-    ``new`` (it must occur once); all of them are back to their unwritten holes after the test."""
+    """``write_lab(lab, rel, old, new)``: every labs/ file of ``lab`` solved, and in ``rel`` ``old`` replaced
+    by ``new`` (it must occur once); all of them are back to their unwritten holes after the test."""
     files = {h.path.removeprefix("solutions/") for h in make_labs.all_holes()}
     written: list[str] = []
 
@@ -157,8 +157,8 @@ MISTAKES = [
     pytest.param(
         "2",
         "cache/block_allocator.py",
-        '        if self.ref_counts[block] == 0:\n            raise ValueError(f"double free of block {block}: '
-        'its reference count is already 0")\n',
+        "        if self.ref_counts[block] == 0:\n"
+        '            raise ValueError(f"double free of block {block}: its reference count is already 0")\n',
         "",
         ["tests/test_block_allocator.py", "-k", "double_free"],
         "is a double free, but no ValueError was raised",

@@ -1,10 +1,10 @@
 """Imports run one way through ``solutions``: each package imports only from packages of a lower layer.
 
-``LAYERS`` below is the one statement of the direction, bottom first. A module may import from its own
-package and from any package of a lower layer: never upward, never sideways into another package of its own
-layer (give one of the two a lower layer instead), so packages cannot form a cycle. Within a package, the
-modules' top-level imports must not form a cycle either. The test reads every module's source (its AST: imports
-inside functions and under ``TYPE_CHECKING`` included) and names the module, the import and the rule it breaks.
+``LAYERS`` below is the one statement of the direction, bottom first. A module may import from its own package
+and from any package of a lower layer: never upward, never sideways into another package of its own layer
+(give one of the two a lower layer instead), so packages cannot form a cycle. Within a package, the modules'
+top-level imports must not form a cycle either. The test reads every module's source (its AST: imports inside
+functions and under ``TYPE_CHECKING`` included) and names the module, the import and the rule it breaks.
 
 Imports of ``solutions`` modules stand at the top of a module, relative (so that ``labs/``, which reuses these
 files, stays inside its own package). An import inside a function is for another library only: an optional
@@ -104,8 +104,8 @@ def test_imports_run_down_the_layers():
                 continue
             if inside_function:
                 problems.append(
-                    f"{where}: imports of solutions modules go at the top of the module (a function-level import "
-                    "hides a dependency; only another library's optional or slow import may wait)"
+                    f"{where}: imports of solutions modules go at the top of the module (a function-level "
+                    "import hides a dependency; only another library's optional or slow import may wait)"
                 )
             mine, theirs = top_name(source), top_name(target)
             if mine == theirs or theirs not in RANK or mine not in RANK:
@@ -117,8 +117,8 @@ def test_imports_run_down_the_layers():
                 )
             elif RANK[theirs] == RANK[mine]:
                 problems.append(
-                    f"{where}: {mine} imports sideways from {theirs}, in its own layer ({LAYERS[RANK[mine]][0]}): "
-                    "one of them belongs in a lower layer"
+                    f"{where}: {mine} imports sideways from {theirs}, in its own layer "
+                    f"({LAYERS[RANK[mine]][0]}): one of them belongs in a lower layer"
                 )
     assert not problems, "imports against the layers:\n" + "\n".join(problems)
 

@@ -65,9 +65,10 @@ for dtype in ("bf16", "fp32"):
     # 9 query and 3 KV heads, D 64: SmolLM2's (the query and KV tiles differ in shape)
     compile_for_sm90(fo._rope, same(["QK", "Cos", "Sin"], dtype), dict(HALF=32, BLOCK_HALF=32, BLOCK_H=16))
     compile_for_sm90(fo._silu_mul, same(["GateUp", "Out"], dtype), dict(BLOCK=1024))
-    compile_for_sm90(fo._rope_store_kv, same(["QKV", "Cos", "Sin"], dtype) | same(["K_cache", "V_cache"], "fp32")
-                     | same(["slot_mapping"], "i64"), dict(BLOCK_SIZE=16, HALF=32, BLOCK_HALF=32, BLOCK_HQ=16,
-                     BLOCK_HKV=4))
+    compile_for_sm90(fo._rope_store_kv,
+                     same(["QKV", "Cos", "Sin"], dtype) | same(["K_cache", "V_cache"], "fp32")
+                     | same(["slot_mapping"], "i64"),
+                     dict(BLOCK_SIZE=16, HALF=32, BLOCK_HALF=32, BLOCK_HQ=16, BLOCK_HKV=4))
 print("all compiled")
 '''
 

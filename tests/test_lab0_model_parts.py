@@ -56,7 +56,8 @@ def test_rms_norm_matches_float64(load, dtype, tol):
 
 
 def test_rms_norm_upcasts_float16(load):
-    """Activations near 300 in float16: their squares (about 90000) overflow float16, whose largest value is 65504."""
+    """Activations near 300 in float16: their squares (about 90000) overflow float16,
+    whose largest value is 65504."""
     llama = load("model.llama")
     gen = torch.Generator().manual_seed(1)
     x = (300 + 20 * torch.randn(4, 576, generator=gen)).half()

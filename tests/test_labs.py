@@ -1,8 +1,9 @@
-"""The lab mechanism: labs/ is generated from solutions/, its exercises are really holes, and `make lab` opens.
+"""The lab mechanism: labs/ is generated from solutions/, its exercises are really holes,
+and `make lab` opens.
 
-``make test`` (the maintainers' suite, what CI runs) requires labs/ to be exactly the generated holes. A learner
-who has filled some in runs ``make check``, which sets FASTMODE_ALLOW_FILLED_LABS=1: filled holes are then
-their work, not a failure, while a difference outside the holes still fails.
+``make test`` (the maintainers' suite, what CI runs) requires labs/ to be exactly the generated holes. A
+learner who has filled some in runs ``make check``, which sets FASTMODE_ALLOW_FILLED_LABS=1: filled holes are
+then their work, not a failure, while a difference outside the holes still fails.
 """
 
 from __future__ import annotations
@@ -68,6 +69,26 @@ def test_hints_are_tiered_and_never_reach_labs():
     assert lab == "def f(x):\n    raise NotImplementedError('Lab 9: double it (hints: make hint LAB=9)')\n"
 
 
+def test_a_long_nudge_continues_on_the_next_comment_line():
+    """A ``#`` + two spaces line right under ``BEGIN SOLUTION`` continues the nudge (keeps lines <= 110);
+    hints after it still parse, and a one-space comment is the solution's own."""
+    tool = make_labs()
+    source = (
+        "def f(x):\n"
+        "    # BEGIN SOLUTION Lab 9: double\n"
+        "    #  it\n"
+        "    # HINT: the integer is 2\n"
+        "    #  (not 3)\n"
+        "    # a comment of the solution\n"
+        "    return 2 * x\n"
+        "    # END SOLUTION\n"
+    )
+    _, hole, _ = tool.split_solutions(source, "f.py")
+    assert hole.nudge == "Lab 9: double it" and hole.hints == ["the integer is 2 (not 3)"]
+    lab = tool.strip_solutions(source, "f.py")
+    assert lab == "def f(x):\n    raise NotImplementedError('Lab 9: double it (hints: make hint LAB=9)')\n"
+
+
 def test_filled_holes_are_told_apart_from_stale_files():
     tool = make_labs()
     source = (
@@ -107,7 +128,8 @@ def test_lab0_exercises_are_holes_in_labs():
 
 
 def test_every_hole_has_a_lab_with_a_grader():
-    """Each ``Lab N`` marker names a lab that pyproject registers as marker ``labN``, so `make grade` finds it."""
+    """Each ``Lab N`` marker names a lab that pyproject registers as marker ``labN``,
+    so `make grade` finds it."""
     markers = (ROOT / "pyproject.toml").read_text()
     for hole in make_labs().all_holes():
         assert f'"lab{hole.lab}:' in markers, (
@@ -147,10 +169,14 @@ def get_json(url: str) -> dict:
 
 @pytest.mark.slow
 def test_make_lab_serves_the_course(tmp_path):
-    """`make lab` (root included) starts JupyterLab; it answers with notebook 00 and the course's kernel, then stops."""
+    """`make lab` (root included) starts JupyterLab;
+    it answers with notebook 00 and the course's kernel, then stops."""
     port, token = free_port(), "fastmode-test"
     venv = Path(sys.executable).parent.parent
-    args = f"--no-browser --ip=127.0.0.1 --port={port} --ServerApp.port_retries=0 --IdentityProvider.token={token}"
+    args = (
+        f"--no-browser --ip=127.0.0.1 --port={port} --ServerApp.port_retries=0 "
+        f"--IdentityProvider.token={token}"
+    )
     log = (tmp_path / "jupyter.log").open("w")
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     # -o setup: the venv running these tests is already set up; `make lab` must not reinstall it.
@@ -191,7 +217,7 @@ def test_make_lab_serves_the_course(tmp_path):
         log.close()
 
 
-# ---------------------------------------------------------------- one lab alone, and the notebooks' IMPL switch
+# -------------------------------------------------------------- one lab alone, and the notebooks' IMPL switch
 
 
 def test_holes_are_named_by_class_and_method_and_keep_their_reference_code():
@@ -247,7 +273,8 @@ from solutions.course import implementation
 labs = implementation("labs", lab=2)
 origin = lambda name: Path(labs.module(name).__file__).parts[-3]
 print(origin("cache.kv_cache_manager"), origin("kernels.paged_attention"), origin("kernels.flash_attention"),
-      origin("model.llama"), labs.module("engine.engine").KVCacheManager is labs.module("cache.kv_cache_manager").KVCacheManager)
+      origin("model.llama"),
+      labs.module("engine.engine").KVCacheManager is labs.module("cache.kv_cache_manager").KVCacheManager)
 for request in ({"impl": "labs", "lab": 3}, {"impl": "labs"}, {"impl": "lab"}):
     try:
         implementation(**request)
@@ -257,8 +284,9 @@ for request in ({"impl": "labs", "lab": 3}, {"impl": "labs"}, {"impl": "lab"}):
 
 
 def test_a_lab_alone_takes_every_other_labs_module_from_solutions():
-    """With Lab 2 alone, Lab 2's files are the learner's and Lab 1's and Lab 0's load their solutions twins, still as
-    part of the labs package (one set of classes); asking for another choice in the same process is refused."""
+    """With Lab 2 alone, Lab 2's files are the learner's and Lab 1's and Lab 0's load their solutions
+    twins, still as part of the labs package (one set of classes); asking for another choice in the same
+    process is refused."""
     env = {k: v for k, v in os.environ.items() if k != "FASTMODE_LAB_ALONE"}
     result = subprocess.run(
         [sys.executable, "-c", LAB_ALONE_PROBE], cwd=ROOT, capture_output=True, text=True, env=env
@@ -280,21 +308,29 @@ import sys
 import types
 
 impl_name, paths = sys.argv[1], sys.argv[2:]
-ORACLES = ("solutions.course", "solutions.kernels.reference")  # what a notebook may take from solutions directly
+# what a notebook may take from solutions directly
+ORACLES = ("solutions.course", "solutions.kernels.reference")
 for path in paths:
     for name in [n for n in sys.modules if n == "labs" or n.startswith("labs.")]:
         del sys.modules[name]  # each notebook chooses its own lab
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SolutionsTwins"]
     cell = next(c for c in json.load(open(path))["cells"] if c["cell_type"] == "code")
     source = "".join(cell["source"])
-    assert source.startswith('IMPL = "solutions"'), f"{path}: the first code cell must start with IMPL = \\"solutions\\""
+    assert source.startswith('IMPL = "solutions"'), (
+        f"{path}: the first code cell must start with IMPL = \\"solutions\\""
+    )
     namespace = {}
     exec(compile(source.replace('IMPL = "solutions"', f'IMPL = "{impl_name}"', 1), path, "exec"), namespace)
-    assert "implementation(IMPL" in source, f"{path}: the first cell must take its modules from implementation(IMPL, ...)"
-    module_of = lambda value: value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+    assert "implementation(IMPL" in source, (
+        f"{path}: the first cell must take its modules from implementation(IMPL, ...)"
+    )
+    module_of = lambda value: (
+        value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+    )
     from_solutions = sorted(
         name for name, value in namespace.items()
-        if module_of(value) and module_of(value).startswith("solutions.") and not module_of(value).startswith(ORACLES)
+        if module_of(value) and module_of(value).startswith("solutions.")
+        and not module_of(value).startswith(ORACLES)
     )
     if impl_name == "labs":
         assert not from_solutions, f"{path}: {from_solutions} come from solutions, not from IMPL"
@@ -304,8 +340,9 @@ for path in paths:
 
 @pytest.mark.parametrize("impl", ["solutions", "labs"])
 def test_every_notebooks_first_cell_runs_under_both_impls(impl):
-    """Each notebook's first code cell, with IMPL set to ``impl``, in one process (labs is imported afresh for each
-    notebook, as its own kernel would): it runs, and under "labs" binds nothing of solutions but the oracles."""
+    """Each notebook's first code cell, with IMPL set to ``impl``, in one process (labs is imported
+    afresh for each notebook, as its own kernel would): it runs, and under "labs" binds nothing of
+    solutions but the oracles."""
     notebooks = sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb"))
     env = {k: v for k, v in os.environ.items() if k != "FASTMODE_LAB_ALONE"}
     env.update(MPLBACKEND="Agg", OMP_NUM_THREADS="1")

@@ -84,8 +84,9 @@ print(digest.hexdigest(), weights.tokenizer.encode("Hello, world!"))
 
 
 def test_two_processes_converting_at_once_both_get_the_same_weights(tmp_path):
-    """Test workers may convert the GGUF into one cache at the same moment: each writes its own partial files and
-    renames them into place, so neither reads a half-written file or loses its file to the other's rename."""
+    """Test workers may convert the GGUF into one cache at the same moment: each writes its own
+    partial files and renames them into place, so neither reads a half-written file or loses its file
+    to the other's rename."""
     env = {**os.environ, "FASTMODE_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
     root = Path(__file__).resolve().parents[1]
     procs = [

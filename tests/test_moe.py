@@ -1,4 +1,5 @@
-"""Lesson 5: the router and its balance loss, the permutation, the grouped expert kernel, Mixtral checkpoints."""
+"""Lesson 5: the router and its balance loss, the permutation, the grouped expert kernel,
+Mixtral checkpoints."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def test_route_picks_top_k_and_renormalises_by_hand(load):
     probs = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
     routing = router.route(probs.log(), top_k=2)
     assert routing.experts.tolist() == [[1, 2], [0, 2]], (
-        f"chosen experts {routing.experts.tolist()}, expected [[1, 2], [0, 2]]: each token's top_k experts by "
-        "probability over the experts (the last dim), most probable first"
+        f"chosen experts {routing.experts.tolist()}, expected [[1, 2], [0, 2]]: each token's top_k experts "
+        "by probability over the experts (the last dim), most probable first"
     )
     expect_close_lists(
         routing.probs, probs, "probs", "softmax over the experts (dim=-1) of every token's logits, in float32"
@@ -56,8 +57,8 @@ def test_route_computes_in_float32_and_names_bad_k(load):
     logits = torch.randn(5, 4, dtype=torch.bfloat16)
     routing = router.route(logits, top_k=4)
     assert routing.weights.dtype == torch.float32 and routing.probs.dtype == torch.float32, (
-        f"weights {routing.weights.dtype}, probs {routing.probs.dtype} from bfloat16 logits: softmax in float32 "
-        "(logits.float()); bfloat16 keeps 8 bits of mantissa, too few to rank close experts"
+        f"weights {routing.weights.dtype}, probs {routing.probs.dtype} from bfloat16 logits: softmax in "
+        "float32 (logits.float()); bfloat16 keeps 8 bits of mantissa, too few to rank close experts"
     )
     assert routing.experts.dtype == torch.int64, f"experts must be int64 indices, got {routing.experts.dtype}"
     expect_close_lists(
@@ -78,18 +79,20 @@ def test_balance_loss_against_hand_computed_values(load):
     expected = 0.01 * 2 * (0.75 * p_mean[0] + 0.25 * p_mean[1])
     loss = router.load_balancing_loss(routing, alpha=0.01).item()
     assert math.isclose(loss, expected, rel_tol=1e-6), (
-        f"top-1 of 2 experts, choices [0, 0, 0, 1]: loss {loss:.6f}, expected {expected:.6f} = alpha * E * sum(f * P) "
-        "with f = [3/4, 1/4] (the share of assignments each expert got) and P the mean probability per expert"
+        f"top-1 of 2 experts, choices [0, 0, 0, 1]: loss {loss:.6f}, expected {expected:.6f} "
+        "= alpha * E * sum(f * P) with f = [3/4, 1/4] (the share of assignments each expert got) and P "
+        "the mean probability per expert"
     )
-    # top-2 of 3 experts: the 6 assignments [0, 1, 0, 1, 2, 1] -> f = [2/6, 3/6, 1/6] (first choices alone: [2/3, 0, 1/3])
+    # top-2 of 3 experts: the 6 assignments [0, 1, 0, 1, 2, 1] -> f = [2/6, 3/6, 1/6]
+    # (first choices alone: [2/3, 0, 1/3])
     probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.2, 0.3, 0.5]])
     routing = router.route(probs.log(), top_k=2)
     p_mean = [1.3 / 3, 0.9 / 3, 0.8 / 3]
     expected = 1.0 * 3 * (2 / 6 * p_mean[0] + 3 / 6 * p_mean[1] + 1 / 6 * p_mean[2])
     loss = router.load_balancing_loss(routing, alpha=1.0).item()
     assert math.isclose(loss, expected, rel_tol=1e-6), (
-        f"top-2 of 3 experts: loss {loss:.6f}, expected {expected:.6f}: f counts all T * k assignments (here 6: "
-        "f = [2/6, 3/6, 1/6]), not only each token's first choice, and divides by T * k"
+        f"top-2 of 3 experts: loss {loss:.6f}, expected {expected:.6f}: f counts all T * k assignments "
+        "(here 6: f = [2/6, 3/6, 1/6]), not only each token's first choice, and divides by T * k"
     )
 
 
@@ -128,8 +131,8 @@ def test_capacity_drops_assignments_past_each_experts_slots(load):
     assert router.expert_capacity(num_tokens=10, num_experts=4, top_k=1, capacity_factor=1.25) == 4
     experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
     keep = router.capacity_mask(experts, num_experts=3, capacity=2)
-    # first choices fill first: expert 0 takes tokens 0 and 1, drops token 2; then second choices:
-    # expert 1 has token 3 (first choice) + token 0 -> full, drops token 2's; expert 0 is full: drops token 3's.
+    # first choices fill first: expert 0 takes tokens 0 and 1, drops token 2; then second choices: expert 1
+    # has token 3 (first choice) + token 0 -> full, drops token 2's; expert 0 is full: drops token 3's.
     assert keep.tolist() == [[True, True], [True, True], [False, False], [True, False]]
     with pytest.raises(ValueError, match="capacity_factor"):
         router.expert_capacity(4, 2, 1, 0.0)
@@ -146,13 +149,13 @@ def _check_permutation(perm, experts, num_experts, block):
     assert len(ids) == block * len(perm.block_experts) and len(ids) >= len(flat) + num_experts * (
         block - 1
     ), (
-        f"{case}: {len(ids)} sorted_ids for {len(perm.block_experts)} blocks: size the buffers for the worst case "
-        "(T * k + E * (block - 1) rows, rounded up to whole blocks), one block_experts entry per block"
+        f"{case}: {len(ids)} sorted_ids for {len(perm.block_experts)} blocks: size the buffers for the worst "
+        "case (T * k + E * (block - 1) rows, rounded up to whole blocks), one block_experts entry per block"
     )
     missing = sorted(set(range(len(flat))) - set(ids))
     assert sorted(i for i in ids if i != padding) == list(range(len(flat))), (
-        f"{case}: every assignment 0..{len(flat) - 1} must appear exactly once in sorted_ids (missing {missing[:5]}); "
-        f"padding rows hold T * k = {padding}"
+        f"{case}: every assignment 0..{len(flat) - 1} must appear exactly once in sorted_ids "
+        f"(missing {missing[:5]}); padding rows hold T * k = {padding}"
     )
     for b, expert in enumerate(perm.block_experts.tolist()):
         rows = [i for i in ids[b * block : (b + 1) * block] if i != padding]
@@ -161,15 +164,16 @@ def _check_permutation(perm, experts, num_experts, block):
         else:
             wrong = [i for i in rows if flat[i] != expert]
             assert rows and not wrong, (
-                f"{case}: block {b} is expert {expert}'s, but holds assignments {wrong or 'none'} of other experts: "
-                "each group starts at the padded cumulative count, so no block straddles two experts"
+                f"{case}: block {b} is expert {expert}'s, but holds assignments {wrong or 'none'} of other "
+                "experts: each group starts at the padded cumulative count, so no block straddles two experts"
             )
     used = [e for e in perm.block_experts.tolist() if e != -1]
     assert used == sorted(used), (
         f"{case}: block_experts {used} must run in expert order, padding-only blocks last"
     )
     assert perm.counts.tolist() == [flat.count(e) for e in range(num_experts)], (
-        f"{case}: counts {perm.counts.tolist()}: the number of assignments of each expert (bincount, minlength E)"
+        f"{case}: counts {perm.counts.tolist()}: the number of assignments of each expert "
+        "(bincount, minlength E)"
     )
     for e in range(num_experts):  # a group's rows keep the assignments' order (stable sort)
         rows = [i for i in ids if i != padding and flat[i] == e]
@@ -186,12 +190,12 @@ def test_permutation_by_hand(load):
     perm = permute.permute(experts, num_experts=4, block=4)
     p = 6
     assert perm.sorted_ids.tolist()[:12] == [1, 2, 4, p, 5, p, p, p, 0, 3, p, p], (
-        f"sorted_ids {perm.sorted_ids.tolist()[:12]}..., expected [1, 2, 4, P, 5, P, P, P, 0, 3, P, P] (P = 6): "
-        "expert 0's assignments 1, 2, 4 padded to a block of 4, then expert 1's, then expert 2's"
+        f"sorted_ids {perm.sorted_ids.tolist()[:12]}..., expected [1, 2, 4, P, 5, P, P, P, 0, 3, P, P] "
+        "(P = 6): expert 0's assignments 1, 2, 4 padded to a block of 4, then expert 1's, then expert 2's"
     )
     assert perm.block_experts.tolist()[:3] == [0, 1, 2] and set(perm.block_experts.tolist()[3:]) <= {-1}, (
-        f"block_experts {perm.block_experts.tolist()}, expected [0, 1, 2, -1, -1]: one expert per block, -1 for "
-        "blocks of padding only (expert 3 got no token, so it has no block)"
+        f"block_experts {perm.block_experts.tolist()}, expected [0, 1, 2, -1, -1]: one expert per block, "
+        "-1 for blocks of padding only (expert 3 got no token, so it has no block)"
     )
 
 
@@ -383,8 +387,8 @@ def test_bad_moe_inputs_are_named(load):
 
 
 def test_bench_moe_smoke_prints_both_tables_and_the_goals(capsys):
-    """``bench moe --smoke``: toy sizes, the kernel table through whatever device is here (the interpreter on a
-    CPU); the figures mean nothing, the rows, the grouped path's error and the goal lines must be there."""
+    """``bench moe --smoke``: toy sizes, the kernel table through whatever device is here (the interpreter on
+    a CPU); the figures mean nothing, the rows, the grouped path's error and the goal lines must be there."""
     from solutions.cli.bench.moe import main
 
     assert main(["--smoke"]) == 0
@@ -500,7 +504,8 @@ def test_unsupported_architectures_name_themselves(load):
     with pytest.raises(ValueError, match="qwen2_moe"):
         config.ModelConfig.from_hf_config({"model_type": "qwen2_moe"})
     mixtral = {"model_type": "mixtral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-               "num_hidden_layers": 1, "num_attention_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 5}  # fmt: skip
+               "num_hidden_layers": 1, "num_attention_heads": 2, "num_local_experts": 4,
+               "num_experts_per_tok": 5}  # fmt: skip
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         config.ModelConfig.from_hf_config(mixtral)
     with pytest.raises(ValueError, match="sliding"):

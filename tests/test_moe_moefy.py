@@ -48,7 +48,8 @@ def test_router_learns_which_experts_matter(load):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    """A random Llama written by transformers (no tokenizer), and a random split of its FFNs into 4 experts."""
+    """A random Llama written by transformers (no tokenizer),
+    and a random split of its FFNs into 4 experts."""
     folder = write_tiny_llama(
         tmp_path_factory.mktemp("llama"), hidden_size=48, intermediate_size=96, max_position_embeddings=128
     )

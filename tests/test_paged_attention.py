@@ -66,8 +66,8 @@ def paged_batch(
     consecutive: bool = False,
 ) -> PagedBatch:
     """Random queries and caches for sequences of ``seq_lens`` tokens whose last ``q_lens`` are queries; cache
-    rows that hold no token are ``stale``. Blocks are handed out in random order, or in order (``consecutive``,
-    as a fresh engine's allocator does)."""
+    rows that hold no token are ``stale``. Blocks are handed out in random order, or in order
+    (``consecutive``, as a fresh engine's allocator does)."""
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3  # the null block 0 and two never handed out
     physical = list(range(1, num_blocks)) if consecutive else (torch.randperm(num_blocks - 1) + 1).tolist()
@@ -94,9 +94,9 @@ def check_against_reference(out: torch.Tensor, batch: PagedBatch, dtype: torch.d
         f"output must be [T, Hq, D] {dtype}, got {out.shape}"
     )
     assert torch.isfinite(out).all(), (
-        "NaN/inf in the output: the kernel read a cache row that holds none of the sequence's tokens (every such "
-        "row is NaN here): a wrong block or offset in the block-table walk (position p: block_table[b, p // "
-        "block_size], offset p % block_size), or a load past the sequence's end left unmasked"
+        "NaN/inf in the output: the kernel read a cache row that holds none of the sequence's tokens (every "
+        "such row is NaN here): a wrong block or offset in the block-table walk (position p: block_table[b, "
+        "p // block_size], offset p % block_size), or a load past the sequence's end left unmasked"
     )
     error = rel_err(out.cpu(), reference(batch))
     assert error < TOLERANCE[dtype], f"relative error {error:.2e}: {WRONG_ROWS}"
@@ -290,10 +290,10 @@ def test_prefill_head_dim_128_and_scale(pa):
     ],
 )
 def test_torch_path_matches_reference(load, seq_lens, q_lens, dtype):
-    """The CPU path (``kernels.paged_torch.paged_attention_torch``) on the same layouts: decodes only, a mixed step
-    with a decode after the prefills, decodes first then a whole prompt, many decodes of mixed lengths (attended
-    in length buckets), with and without a prefill after them. Stale rows are large finite garbage: it
-    gathers whole blocks and relies on the mask (a NaN there would reach the output through 0 * NaN)."""
+    """The CPU path (``kernels.paged_torch.paged_attention_torch``) on the same layouts: decodes only, a mixed
+    step with a decode after the prefills, decodes first then a whole prompt, many decodes of mixed lengths
+    (attended in length buckets), with and without a prefill after them. Stale rows are large finite garbage:
+    it gathers whole blocks and relies on the mask (a NaN there would reach the output through 0 * NaN)."""
     torch_path = load("kernels.paged_torch")
     batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, dtype=dtype, stale=1e4)
     out = torch_path.paged_attention_torch(*batch.args(), **batch.lengths())
@@ -302,8 +302,8 @@ def test_torch_path_matches_reference(load, seq_lens, q_lens, dtype):
 
 @pytest.mark.parametrize("seq_lens, q_lens", [([70], [1]), ([45], [45]), ([67], [19]), ([33, 70], [1, 1])])
 def test_torch_path_reads_consecutive_blocks_in_place(load, seq_lens, q_lens):
-    """A lone sequence whose blocks are consecutive in the cache is read as a view, not gathered: one decode, a
-    whole prompt, a prompt's later chunk (and two decodes, which are gathered), against the reference."""
+    """A lone sequence whose blocks are consecutive in the cache is read as a view, not gathered: one decode,
+    a whole prompt, a prompt's later chunk (and two decodes, which are gathered), against the reference."""
     torch_path = load("kernels.paged_torch")
     batch = paged_batch(seq_lens, q_lens, block_size=16, q_heads=9, kv_heads=3, stale=1e4, consecutive=True)
     out = torch_path.paged_attention_torch(*batch.args(), **batch.lengths())
@@ -318,7 +318,8 @@ def test_decode_and_prefill_kernels_agree_on_decodes(pa):
     prefill = pa.paged_attention(*batch.args(), max_query_len=2, max_seq_len=lengths["max_seq_len"])
     error = rel_err(decode, prefill.double())
     assert error < TOLERANCE[torch.float32], (
-        f"the decode and prefill kernels differ on the same decodes (relative error {error:.2e}): {WRONG_ROWS}"
+        "the decode and prefill kernels differ on the same decodes "
+        f"(relative error {error:.2e}): {WRONG_ROWS}"
     )
 
 
@@ -386,8 +387,8 @@ def test_store_kv_writes_exactly_its_slots(skv, load, impl, dtype, block_size, s
     for name, got, want in (("k_cache", k_cache, k_ref), ("v_cache", v_cache, v_ref)):
         written = torch.isfinite(got).flatten(2).all(-1)
         assert written.sum() == tokens - 2, (
-            f"{name}: {int(written.sum())} rows written for {tokens - 2} tokens with a slot "
-            "(negative slots must be skipped; a row is block = slot // block_size, offset = slot % block_size)"
+            f"{name}: {int(written.sum())} rows written for {tokens - 2} tokens with a slot (negative slots "
+            "must be skipped; a row is block = slot // block_size, offset = slot % block_size)"
         )
         assert torch.equal(got.cpu().nan_to_num(7.0), want.nan_to_num(7.0)), (
             f"{name}: a token's K/V landed in the wrong row"
@@ -409,7 +410,8 @@ def test_store_kv_casts_to_the_cache_dtype_and_checks_slots(skv):
 
 
 def test_gpu_benchmark_code_runs_through_the_interpreter(load):
-    """``bench kv`` calls ``decode_kernel_bandwidth`` on a GPU; here the same code runs on a tiny CPU shape."""
+    """``bench kv`` calls ``decode_kernel_bandwidth`` on a GPU;
+    here the same code runs on a tiny CPU shape."""
     bench = load("bench.paged_attention")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs CUDA"):

@@ -55,8 +55,8 @@ def test_one_changed_token_diverges_the_chain_from_its_block_on(prefix, tokens, 
     assert other[:first] == keys[:first], "blocks before the changed token must keep their keys"
     for index in range(first, len(keys)):
         assert other[index] != keys[index], (
-            f"block {index} comes after the change at block {first} but kept its key: each key must chain its "
-            "parent's key, not hash only its own tokens"
+            f"block {index} comes after the change at block {first} but kept its key: each key must chain "
+            "its parent's key, not hash only its own tokens"
         )
 
 
@@ -101,8 +101,8 @@ def test_at_least_one_token_is_left_to_compute(manager_class):
     again = FakeRequest("b", tokens)  # the same 12 tokens: 3 full cached blocks
     found = hit(manager, again)
     assert found == 8, (
-        f"reused {found} of 12 tokens: at most num_tokens - 1 may be reused, in whole blocks, so the step still "
-        "has a token to compute (the logits of the next token come from it)"
+        f"reused {found} of 12 tokens: at most num_tokens - 1 may be reused, in whole blocks, so the step "
+        "still has a token to compute (the logits of the next token come from it)"
     )
 
 
@@ -197,8 +197,8 @@ def test_blocks_rewritten_after_truncate_are_cached_under_their_new_tokens(manag
         "the rewritten blocks are found by their new tokens"
     )
     assert run(manager, FakeRequest("old", original + [0])) == 4, (
-        "only block 0 still holds the original tokens: after truncate, keys of blocks past num_tokens // block_size "
-        "must be forgotten, or rewritten blocks are registered under stale keys"
+        "only block 0 still holds the original tokens: after truncate, keys of blocks past "
+        "num_tokens // block_size must be forgotten, or rewritten blocks are registered under stale keys"
     )
 
 
@@ -209,7 +209,8 @@ def test_free_registers_the_full_blocks_computed_so_far(manager_class):
     a.num_computed = 10
     manager.free(a)  # finished in the step that computed its prompt: cache_full_blocks never ran
     assert run(manager, FakeRequest("b", list(range(10)) + [5])) == 8, (
-        "free must register the request's full computed blocks first, or a one-step request leaves nothing cached"
+        "free must register the request's full computed blocks first, "
+        "or a one-step request leaves nothing cached"
     )
 
 
@@ -223,8 +224,8 @@ def test_a_look_up_takes_nothing_and_a_refused_admission_leaves_no_trace(manager
     big = FakeRequest("b", list(range(8)) + list(range(100, 116)))  # the 2 cached blocks, then 4 more
     prefix = manager.lookup_prefix(big)
     assert prefix.num_tokens == 8 and list(prefix.blocks) == lru[::-1], (
-        f"the look-up found {prefix.num_tokens} tokens in blocks {list(prefix.blocks)}: a's two full blocks, in "
-        "token order, were expected"
+        f"the look-up found {prefix.num_tokens} tokens in blocks {list(prefix.blocks)}: a's two full blocks, "
+        "in token order, were expected"
     )
     assert manager.prefix_cache.evictable_blocks() == lru and manager.num_used_blocks == 0, (
         "lookup_prefix changed the cache: a look-up takes no block and reorders nothing"

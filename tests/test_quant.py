@@ -49,8 +49,8 @@ def test_pack_layout_is_element_k_at_bit_4k(load):
     expected = word - (1 << 32)  # element 7 is 15, so the word's sign bit is set
     got = pack.pack_int4(values).tolist()
     assert got == [expected], (
-        f"pack_int4({values.tolist()}) = {got}, expected [{expected}] (0x{word:08X}): element k belongs at bits "
-        f"4k..4k+3, so element 0 is the lowest hex digit; yours reads 0x{got[0] & 0xFFFFFFFF:08X}"
+        f"pack_int4({values.tolist()}) = {got}, expected [{expected}] (0x{word:08X}): element k belongs at "
+        f"bits 4k..4k+3, so element 0 is the lowest hex digit; yours reads 0x{got[0] & 0xFFFFFFFF:08X}"
     )
     back = pack.unpack_int4(torch.tensor([expected], dtype=torch.int32)).tolist()
     assert back == values.tolist(), (
@@ -278,7 +278,8 @@ def test_quant_linear_cuda_runs_the_triton_kernels(load):
 
 
 def test_quant_linear_cpu_kernel_and_rows(load):
-    """torch's CPU int4 kernel computes x W^T for our codes, and ``rows`` reads its tiled layout back exactly."""
+    """torch's CPU int4 kernel computes x W^T for our codes,
+    and ``rows`` reads its tiled layout back exactly."""
     linear = load("quant.linear")
     weight = torch.randn(192, 576, generator=torch.Generator().manual_seed(2))
     module = linear.QuantLinear.from_float(weight, 4, 64)
@@ -290,7 +291,8 @@ def test_quant_linear_cpu_kernel_and_rows(load):
     assert (w - weight).abs().max() < 0.5  # within a step of the float weight
     ids = torch.tensor([[5, 64], [191, 0]])
     assert torch.equal(module.rows(ids), w[ids])
-    # The kernel applied to the identity gives the weight it actually uses: the same as ``rows`` up to bf16 output.
+    # The kernel applied to the identity gives the weight it actually uses:
+    # the same as ``rows`` up to bf16 output.
     assert (module(torch.eye(576)).T - w).abs().max() < 0.02
     # bfloat16 activations skip the casts and the reshape: the same kernel call, the same numbers
     assert torch.equal(module(x.bfloat16()), module(x.bfloat16()[None])[0])
@@ -302,8 +304,8 @@ def test_quant_linear_cpu_kernel_and_rows(load):
 
 @pytest.fixture(scope="module")
 def real_layer_inputs():
-    """The float model, and the inputs of layer 3 (its residual stream) and of its MLP linears on 256 tokens of the
-    evaluation text."""
+    """The float model, and the inputs of layer 3 (its residual stream) and of its MLP linears on 256 tokens
+    of the evaluation text."""
     from solutions.model.llama import LlamaModel
     from solutions.model.loader import load_weights
 
@@ -340,7 +342,8 @@ def awq_scales(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @pytest.mark.lab6
 def test_scale_search_measures_the_error_after_block(load):
-    """``block`` maps the linear's output to the block's output (an MLP, attention): the error is measured there."""
+    """``block`` maps the linear's output to the block's output (an MLP, attention):
+    the error is measured there."""
     awq, rtn = load("quant.awq"), load("quant.rtn")
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(48, 128, generator=gen)
@@ -362,12 +365,13 @@ def test_scale_search_measures_the_error_after_block(load):
         before_block = (x @ w_q.T - x @ weight.T).pow(2).mean().item()
         if error == pytest.approx(before_block, rel=1e-4):
             raise AssertionError(
-                f"at alpha {alpha} the error {error:.4g} is the linear's own output error: block was ignored. "
-                "Pass both outputs through block (the identity only when block is None)"
+                f"at alpha {alpha} the error {error:.4g} is the linear's own output error: block was "
+                "ignored. Pass both outputs through block (the identity only when block is None)"
             )
         assert error == pytest.approx(after_block, rel=1e-4), (
-            f"at alpha {alpha}: error {error:.4g}, expected {after_block:.4g} = mean((block(x W_q^T) - block(x W^T))**2) "
-            "with s = mean|x|**alpha, clamped at 1e-4 and divided by sqrt(max(s) * min(s))"
+            f"at alpha {alpha}: error {error:.4g}, expected {after_block:.4g} "
+            "= mean((block(x W_q^T) - block(x W^T))**2) with s = mean|x|**alpha, clamped at 1e-4 and divided "
+            "by sqrt(max(s) * min(s))"
         )
     best = result.errors.index(min(result.errors))
     assert result.alpha == result.alphas[best], (
@@ -480,7 +484,8 @@ def test_engine_config_validates_quantization():
     from solutions.config import EngineConfig
     from solutions.kernels.cpu_linear import native_bf16
 
-    # "auto": float32 on CPU, except a quantized model on a CPU with native bfloat16 (the int4 kernel's own dtype)
+    # "auto": float32 on CPU, except a quantized model on a CPU with native bfloat16
+    # (the int4 kernel's own dtype)
     assert EngineConfig(device="cpu").dtype == "float32"
     assert EngineConfig(device="cpu", quantization="rtn").dtype == (
         "bfloat16" if native_bf16() else "float32"

@@ -48,8 +48,9 @@ def run_step(scheduler, finished: list) -> object:
     plan = scheduler.schedule()
     admitted = [r.request_id for r in plan.scheduled if r.request_id not in running_before]
     assert not (plan.preempted and admitted), (
-        f"the step preempted {[r.request_id for r in plan.preempted]} and admitted {admitted} from the waiting "
-        "queue: a step that had to preempt admits nobody (the cache is full; re-admitting a victim thrashes)"
+        f"the step preempted {[r.request_id for r in plan.preempted]} and admitted {admitted} from "
+        "the waiting queue: a step that had to preempt admits nobody (the cache is full; "
+        "re-admitting a victim thrashes)"
     )
     for r in plan.scheduled:
         r.num_computed += plan.num_scheduled_tokens[r.request_id]
@@ -65,8 +66,8 @@ def run_step(scheduler, finished: list) -> object:
 
 def check_plan(scheduler, plan) -> None:
     assert plan.total_tokens <= scheduler.max_num_batched_tokens, (
-        f"the step runs {plan.total_tokens} tokens, over max_num_batched_tokens={scheduler.max_num_batched_tokens}:"
-        " each request may take only what is left of the budget"
+        f"the step runs {plan.total_tokens} tokens, over max_num_batched_tokens="
+        f"{scheduler.max_num_batched_tokens}: each request may take only what is left of the budget"
     )
     assert len(plan.scheduled) <= scheduler.max_num_seqs, (
         f"{len(plan.scheduled)} sequences scheduled, over max_num_seqs={scheduler.max_num_seqs}"
@@ -119,8 +120,8 @@ def test_max_num_seqs_limits_admission(make):
         scheduler.add(request(5))
     plan = scheduler.schedule()
     assert len(plan.scheduled) == 2 and len(scheduler.waiting) == 1, (
-        f"{len(plan.scheduled)} scheduled and {len(scheduler.waiting)} waiting with max_num_seqs=2 and 3 requests: "
-        "admit only while fewer than max_num_seqs are running"
+        f"{len(plan.scheduled)} scheduled and {len(scheduler.waiting)} waiting with max_num_seqs=2 and 3 "
+        "requests: admit only while fewer than max_num_seqs are running"
     )
 
 
@@ -228,8 +229,8 @@ def test_a_step_that_preempts_admits_nobody(make):
         if plan.preempted:
             preempting_steps += 1
             assert not tried, (
-                f"the step preempted {[r.request_id for r in plan.preempted]} and then tried to admit {tried} "
-                "(lookup_prefix): a step that had to preempt admits nobody"
+                f"the step preempted {[r.request_id for r in plan.preempted]} and then tried to admit "
+                f"{tried} (lookup_prefix): a step that had to preempt admits nobody"
             )
         if not scheduler.has_unfinished():
             break
@@ -252,10 +253,10 @@ def test_admission_reuses_the_prefix_cache(make):
     plan = scheduler.schedule()
     scheduled = plan.num_scheduled_tokens.get(second.request_id)
     assert scheduled == 3 and second.num_computed == 12, (
-        f"the second request shares its first 12 tokens (3 full blocks) with a finished one, yet it starts at "
+        "the second request shares its first 12 tokens (3 full blocks) with a finished one, yet it starts at "
         f"token {second.num_computed} and runs {scheduled} tokens, not 3: on admission look the prompt up "
-        "(prefix = self.kv.lookup_prefix(request)), pass the prefix to allocate_slots with the tokens after it, "
-        "then set request.num_computed = prefix.num_tokens, so prefix-cache hits are not recomputed"
+        "(prefix = self.kv.lookup_prefix(request)), pass the prefix to allocate_slots with the tokens after "
+        "it, then set request.num_computed = prefix.num_tokens, so prefix-cache hits are not recomputed"
     )
 
 
@@ -282,6 +283,6 @@ def test_a_failed_admission_leaves_the_request_waiting_with_nothing(make):
     )
     running_blocks = sum(len(scheduler.kv.block_table(r.request_id)) for r in scheduler.running)
     assert scheduler.kv.num_used_blocks == running_blocks and not scheduler.kv.holds(sharer.request_id), (
-        f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after an "
-        "admission that failed: a refused allocate_slots takes nothing, so there is nothing to give back"
+        f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after "
+        "an admission that failed: a refused allocate_slots takes nothing, so there is nothing to give back"
     )

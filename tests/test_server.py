@@ -87,7 +87,7 @@ def _assert_still_serving(client, model):
     assert reply.choices[0].finish_reason in ("stop", "length")
 
 
-# --- the happy paths -----------------------------------------------------------------------------------------
+# --- the happy paths ----------------------------------------------------------------------------------------
 def test_models_lists_the_served_model(client, model):
     cards = client.models.list().data
     assert [c.id for c in cards] == [model]
@@ -234,7 +234,7 @@ def test_metrics_report_the_engine(server, client, model):
     assert after["kv_blocks_used"] == 0 and after["kv_blocks_total"] > 0
 
 
-# --- bad input and faults ------------------------------------------------------------------------------------
+# --- bad input and faults -----------------------------------------------------------------------------------
 def _error_message(error: openai.APIStatusError) -> str:
     return error.body["message"] if isinstance(error.body, dict) else str(error.body)
 

@@ -76,14 +76,15 @@ def test_speculative_sampling_preserves_the_target_distribution(load, determinis
     joint = (p_table[0][a] * p_table[a, b] * p_table[b, c]).flatten().double()
     forbidden = int(observed[joint == 0].sum())
     assert forbidden == 0, (
-        f"{forbidden} of {num} continuations have target probability 0 (top-k/top-p cut them): a draft must be "
-        "kept only with probability min(1, p/q), and the replacement drawn where p > 0"
+        f"{forbidden} of {num} continuations have target probability 0 (top-k/top-p cut them): a draft must "
+        "be kept only with probability min(1, p/q), and the replacement drawn where p > 0"
     )
     p_value = chi_square_p_value(observed, joint * num)
     assert p_value > 1e-3, (
-        f"speculative samples do not follow the target (chi-square p-value {p_value:.1e} over {num} 3-token "
-        "continuations): keep draft i when u * q_i(x_i) < p_i(x_i), stop at the first rejection, draw its "
-        "replacement from norm(max(0, p - q)) at that position, and the token after the last kept draft from p"
+        f"speculative samples do not follow the target (chi-square p-value {p_value:.1e} over {num} "
+        "3-token continuations): keep draft i when u * q_i(x_i) < p_i(x_i), stop at the first "
+        "rejection, draw its replacement from norm(max(0, p - q)) at that position, and the token after "
+        "the last kept draft from p"
     )
 
 
@@ -98,19 +99,20 @@ def test_greedy_verification_keeps_the_run_of_argmax_matches(load):
     drafts = torch.tensor([[3, 1, 0], [7, 7, 0]])
     num, nxt = rejection.verify(drafts, probs)
     assert num.tolist() == [2, 3], (
-        f"greedy: accepted {num.tolist()} drafts, expected [2, 3]: a draft is kept while it equals the target's "
-        "argmax, and the run stops at the first that does not"
+        f"greedy: accepted {num.tolist()} drafts, expected [2, 3]: a draft is kept while it equals the "
+        "target's argmax, and the run stops at the first that does not"
     )
     assert nxt.tolist() == [4, 9], (
-        f"greedy: next tokens {nxt.tolist()}, expected [4, 9]: after a rejection, the target's argmax at that "
-        "position (4); after all three drafts, the bonus token from the last row (9)"
+        f"greedy: next tokens {nxt.tolist()}, expected [4, 9]: after a rejection, the target's argmax at "
+        "that position (4); after all three drafts, the bonus token from the last row (9)"
     )
     num, nxt = rejection.verify(
         torch.tensor([[3, -1, -1], [8, -1, -1]]), probs, num_drafts=torch.tensor([1, 1])
     )
     assert (num.tolist(), nxt.tolist()) == ([1, 0], [1, 7]), (
-        f"one real draft each (num_drafts = 1, -1 padding after it): got {num.tolist()} accepted and next tokens "
-        f"{nxt.tolist()}, expected [1, 0] and [1, 7], the target's choice right after the last real draft"
+        f"one real draft each (num_drafts = 1, -1 padding after it): got {num.tolist()} accepted "
+        f"and next tokens {nxt.tolist()}, expected [1, 0] and [1, 7], the target's choice right "
+        "after the last real draft"
     )
 
 
@@ -140,8 +142,8 @@ def test_the_token_after_the_last_kept_draft_comes_from_p(load, deterministic):
     assert num.tolist() == [2] * rows, "drafts with p(x) = 1 must always be kept"
     share = float((nxt == 0).float().mean())
     assert 0.4 < share < 0.6, (
-        f"after both drafts were kept, the bonus token was 0 in {share:.0%} of {rows} rows, where p gives it 50%: "
-        "nothing was rejected there, so draw it from p itself, not from the residual max(0, p - q)"
+        f"after both drafts were kept, the bonus token was 0 in {share:.0%} of {rows} rows, where p gives it "
+        "50%: nothing was rejected there, so draw it from p itself, not from the residual max(0, p - q)"
     )
 
 
@@ -192,8 +194,8 @@ def test_tree_attention_mask_matches_a_hand_built_tree(load):
     for node in range(len(parents)):
         sees, should = mask[node].nonzero().flatten().tolist(), expected[node].nonzero().flatten().tolist()
         assert sees == should, (
-            f"node {node} (parent {parents[node]}) sees nodes {sees}, expected {should}: a node sees itself and "
-            "everything its parent sees (all its ancestors, back to the root), and nothing else"
+            f"node {node} (parent {parents[node]}) sees nodes {sees}, expected {should}: a node sees itself "
+            "and everything its parent sees (all its ancestors, back to the root), and nothing else"
         )
     assert tree.tree_positions(parents, 10).tolist() == [10, 11, 11, 12, 12, 13]
 
@@ -269,8 +271,9 @@ def tiny_llama(load, seed: int = 0):
     """A random 2-layer Llama with a 64-token vocabulary (float32, CPU)."""
     config_mod, llama = load("model.config"), load("model.llama")
     config = config_mod.ModelConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = llama.LlamaModel(config)
@@ -387,8 +390,9 @@ def test_training_prompts_are_the_tools_and_never_held_back():
 
 
 class _ScriptedDrafter:
-    """Drafts from a script that knows the answer: a chain of ``right`` true tokens then a wrong one, or a tree
-    whose true path hangs under a wrong sibling at each of ``right`` depths. Checks the features it is handed."""
+    """Drafts from a script that knows the answer: a chain of ``right`` true tokens then a wrong one,
+    or a tree whose true path hangs under a wrong sibling at each of ``right`` depths. Checks the
+    features it is handed."""
 
     def __init__(self, load, answer: list[int], right: int):
         self.tree_mod, self.answer, self.right = load("speculative.tree"), answer, right

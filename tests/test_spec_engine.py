@@ -59,7 +59,8 @@ def test_greedy_speculative_equals_plain_greedy(load, spec_llm, chats, plain_out
 
 
 def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
-    """Run speculatively until drafts were rejected, then one plain step: its logits equal a fresh prefill's."""
+    """Run speculatively until drafts were rejected, then one plain step:
+    its logits equal a fresh prefill's."""
     method, llm = spec_llm
     engine = llm.engine
     params = load("sampling_params").SamplingParams(temperature=0, max_tokens=64)
@@ -94,7 +95,8 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
 
 
 def test_sampling_with_drafts_gives_valid_tokens(load, spec_llm, chats):
-    """Temperature > 0 goes through rejection sampling (its exactness: tests/test_spec.py's chi-square tests)."""
+    """Temperature > 0 goes through rejection sampling
+    (its exactness: tests/test_spec.py's chi-square tests)."""
     method, llm = spec_llm
     params = load("sampling_params").SamplingParams(temperature=0.8, top_k=50, max_tokens=24, seed=3)
     out = llm.generate(chats[1:3], params)
@@ -144,8 +146,8 @@ def test_a_head_that_does_not_fit_fails_clearly(load, tmp_path):
 
 
 def test_eagle_drafts_for_an_awq_target(load, chats):
-    """A quantized target keeps its LM head packed: the head reads it dequantized, and greedy output is still the
-    plain (AWQ) engine's, token for token."""
+    """A quantized target keeps its LM head packed: the head reads it dequantized, and greedy output is still
+    the plain (AWQ) engine's, token for token."""
     LLM = load("llm").LLM
     params = load("sampling_params").SamplingParams(temperature=0, max_tokens=24)
     awq = dict(ENGINE, quantization="awq")
@@ -158,7 +160,8 @@ def test_eagle_drafts_for_an_awq_target(load, chats):
 
 
 def test_a_loaded_head_drafts_through_the_fastest_cpu_product(load, llm):
-    """On a CPU the draft's vocabulary projection runs the measured-fastest path, and gives the plain product's logits."""
+    """On a CPU the draft's vocabulary projection runs the measured-fastest path,
+    and gives the plain product's logits."""
     head = load("speculative.eagle").load_head(llm.engine.model)
     assert head.vocab_linear is not None and head.vocab_linear.weight.shape == head.vocab_rows.shape
     hidden = torch.randn(4, head.vocab_rows.shape[1])

@@ -1,4 +1,5 @@
-"""``bench.step_split.measure_step_split``: a decode step taken apart while it runs (correctness, never timing)."""
+"""``bench.step_split.measure_step_split``: a decode step taken apart while it runs
+(correctness, never timing)."""
 
 from __future__ import annotations
 

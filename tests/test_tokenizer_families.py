@@ -19,7 +19,10 @@ from solutions.model import gguf_file
 from solutions.model.tokenizer import TextTokenizer
 
 GPT2_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # tokenizer.json "pre_tokenizer" of each family, and whether its BPE model sets ignore_merges.
 FAMILIES = {
     "gpt-2": (GPT2_BYTE_LEVEL, False),
@@ -69,7 +72,8 @@ CHAT_TEMPLATE = (
 
 
 def train_vocab():
-    """A byte-level BPE whose merges include multi-digit numbers and whole words, plus one word no merge reaches."""
+    """A byte-level BPE whose merges include multi-digit numbers and whole words,
+    plus one word no merge reaches."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
