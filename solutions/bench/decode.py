@@ -6,13 +6,36 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..llm import LLM
 from ..model.loader import bundled_model_path
 from ..sampling_params import SamplingParams
 
 PROMPT = "The history of the printing press begins"
+
+
+@contextmanager
+def layers_as_modules(llm: LLM) -> Iterator[None]:
+    """Inside, ``llm``'s model runs every step through its layer modules: its ``fused_decode`` (the layers
+    without module calls, ``model/cpu_decode_layers.py``) is set aside, to time the engine both ways."""
+    model = llm.engine.model
+    fused, model.fused_decode = model.fused_decode, None
+    try:
+        yield
+    finally:
+        model.fused_decode = fused
+
+
+def modules_run(llm: LLM, prompt: str, params: Callable[[int], SamplingParams]) -> Callable[[int], object]:
+    """A ``decode_speeds`` run: ``llm`` generating ``n`` tokens after ``prompt`` through its layer modules."""
+
+    def run(n: int) -> object:
+        with layers_as_modules(llm):
+            return llm.generate(prompt, params(n))
+
+    return run
 
 
 def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:

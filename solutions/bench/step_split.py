@@ -87,7 +87,7 @@ def gemm_flops(model: nn.Module, rows: int, repeats: int = 3) -> float:
     return linear_flops(model, rows) / seconds
 
 
-SPLIT = ("matrix products", "attention", "elementwise", "sampler", "Python/other")
+SPLIT = ("matrix products", "compiled layers", "attention", "elementwise", "sampler", "Python/other")
 CHAIN_NAMES = ("add_rms_norm", "rope", "silu_mul")  # the LayerOps functions, timed as elementwise
 
 
@@ -111,12 +111,15 @@ class _Clock:
 
 
 class _TimedAttend:
-    """The model's ``attend``, every call timed as attention (``rope_store_attend`` too, where offered)."""
+    """The model's ``attend``, every call timed as attention (``rope_store_attend`` too, where offered);
+    ``decode_context`` (the compiled layers' way in) is passed through untimed."""
 
     def __init__(self, attend, clock: _Clock):
         self._attend, self._call = attend, clock.timed("attention", attend)
         if hasattr(attend, "rope_store_attend"):
             self.rope_store_attend = clock.timed("attention", attend.rope_store_attend)
+        if hasattr(attend, "decode_context"):
+            self.decode_context = attend.decode_context
 
     def __call__(self, layer, q, k, v):
         return self._call(layer, q, k, v)
@@ -129,9 +132,13 @@ def _timers(engine, clock: _Clock):
     wrapped = [(m, "forward", "matrix products") for m in step_linears(model)]
     wrapped += [(model.norm, "forward", "elementwise"), (model.embed_tokens, "forward", "elementwise")]
     wrapped.append((engine, "_sample", "sampler"))
-    ops = model.ops
-    forward = model.forward
+    ops, forward, fused_decode = model.ops, model.forward, model.fused_decode
+    compiled_attention = getattr(fused_decode, "attention", None)
     try:
+        if compiled_attention is not None:  # DecodeLayers: its compiled RoPE + store + attention
+            fused_decode.attention = clock.timed("attention", fused_decode.attention)
+        elif fused_decode is not None:  # whole layers in one call each: their products are inside
+            model.fused_decode = clock.timed("compiled layers", fused_decode)
         for owner, name, part in wrapped:
             setattr(owner, name, clock.timed(part, getattr(owner, name)))
         model.forward = lambda ids, positions, attend: forward(ids, positions, _TimedAttend(attend, clock))
@@ -142,6 +149,9 @@ def _timers(engine, clock: _Clock):
         model.use_ops(ops)
         for owner, name, _ in [*wrapped, (model, "forward", None)]:
             owner.__dict__.pop(name, None)
+        model.fused_decode = fused_decode
+        if compiled_attention is not None:
+            fused_decode.attention = compiled_attention
 
 
 @dataclass(frozen=True)
@@ -197,6 +207,8 @@ def split_lines(split: StepSplit, products_alone_ms: float, untimed_step_ms: flo
     """The split as printed by ``bench decode`` and ``bench quant``: ms and share of the step per part."""
     lines = [f"{'part of a decode step':<24}{'ms':>8}{'share':>8}"]
     for part in SPLIT:
+        if part == "compiled layers" and not split.ms[part]:
+            continue  # a model without them
         lines.append(f"{part:<24}{split.ms[part]:>8.2f}{split.ms[part] / split.step_ms:>8.0%}")
     lines.append(f"{'timed step':<24}{split.step_ms:>8.2f}   (untimed {untimed_step_ms:.2f} ms)")
     lines.append(f"{'matrix products alone':<24}{products_alone_ms:>8.2f}   (the linears back to back)")

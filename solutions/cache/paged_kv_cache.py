@@ -79,6 +79,17 @@ class AttentionMetadata:
     max_seq_len: int
 
 
+@dataclass(frozen=True)
+class DecodeContext:
+    """One decoding sequence's whole context read in place: ``keys``, ``values`` ``[num_layers, L, Hkv, D]``
+    are views of rows ``start : start + L`` of every layer's cache (rows in block-id order, every one of them
+    context), and this step's token is to be stored at row ``row`` (``[1]`` int64) of them."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    row: torch.Tensor
+
+
 class PagedAttention:
     """The model's ``attend`` for one step: write this step's K/V into their slots, then attend through the
     block tables. The torch path serves the CPU; "triton" runs the Lesson 2 kernels (compiled on CUDA, through
@@ -113,6 +124,30 @@ class PagedAttention:
                 k, v = k[self._with_slot], v[self._with_slot]
             write_slots(k, v, k_cache, v_cache, self._slots)
         return self._attend_stored(q, k_cache, v_cache)
+
+    def decode_context(self) -> DecodeContext | None:
+        """This step's context as one ``DecodeContext``, for a caller that stores and attends itself (the
+        layers without module calls, ``model/cpu_decode_layers.py``); None unless the step is one decode on
+        the torch path whose cache rows form one run with no stale row among them (``TorchPagedStep``'s
+        ``CacheRun``)."""
+        if (
+            self.triton
+            or self._step.num_seqs != 1
+            or self._step.num_single != 1
+            or self._with_slot is not None
+        ):
+            return None
+        run = self._step.decode_buckets[0].run
+        if run is None or run.mask is not None:
+            return None
+        row = int(self._slots[0]) - run.start
+        if not 0 <= row < run.length:
+            return None
+        keys, values = (
+            cache.view(cache.shape[0], -1, *cache.shape[3:])[:, run.start : run.start + run.length]
+            for cache in (self.cache.k, self.cache.v)
+        )
+        return DecodeContext(keys, values, torch.tensor([row]))
 
     def rope_store_attend(
         self,

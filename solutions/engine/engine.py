@@ -25,9 +25,11 @@ from ..config import EngineConfig
 from ..kernels.blocks import cdiv
 from ..kernels.cpu_linear import decisions_line, use_fastest_linears
 from ..kernels.sampling import host_tensor, row_uniforms, sample, sampling_probs
+from ..model.cpu_decode_layers import decode_layers
 from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
+from ..quant.cpu_int4_layer import int4_decode_layers
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer, NullDetokenizer
@@ -78,6 +80,9 @@ class Engine:
         if self.workers is None:
             self.model.use_ops(select_layer_ops(self.device, self.model))  # fused kernels where they pay
         cache = self._allocate_kv_cache()
+        if self.workers is None and self.device.type == "cpu":  # a lone decode's layers without module calls
+            model, dtype = self.model, cache.k.dtype
+            model.fused_decode = int4_decode_layers(model, dtype) or decode_layers(model, dtype)
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
             self.model,

@@ -199,10 +199,10 @@ def shape_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
     return f"{str(dtype).removeprefix('torch.')}:{out_features}x{in_features}"
 
 
-def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
-    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every
-    regime, with names from ``paths``."""
-    if not isinstance(entry, dict) or set(entry) != REGIMES.keys():
+def _valid_entry(entry: object, paths: Iterable[str], regimes: dict[str, int] = REGIMES) -> bool:
+    """An entry is ``{regime: {"path": name, "us": {name: float}}}`` for every regime of ``regimes``, with
+    names from ``paths``."""
+    if not isinstance(entry, dict) or set(entry) != regimes.keys():
         return False
     for pick in entry.values():
         if (
@@ -219,7 +219,10 @@ def _valid_entry(entry: object, paths: Iterable[str]) -> bool:
 
 
 def read_decisions(
-    path: Path | None = None, machine: dict[str, object] | None = None, paths: Iterable[str] = PATHS
+    path: Path | None = None,
+    machine: dict[str, object] | None = None,
+    paths: Iterable[str] = PATHS,
+    regimes: dict[str, int] = REGIMES,
 ) -> dict[str, dict]:
     """The cached decisions for this machine (``machine``: a ``machine_key``, default this file's),
     or ``{}`` if the file is missing, unreadable, malformed or stale. An entry naming a path
@@ -234,7 +237,7 @@ def read_decisions(
     decisions = data.get("decisions")
     if not isinstance(decisions, dict):
         return {}
-    return {key: entry for key, entry in decisions.items() if _valid_entry(entry, set(paths))}
+    return {key: entry for key, entry in decisions.items() if _valid_entry(entry, set(paths), regimes)}
 
 
 def machine_busy() -> bool:
@@ -354,14 +357,15 @@ def cached_decisions(
     path: Path | None = None,
     machine: dict[str, object] | None = None,
     paths: Iterable[str] = PATHS,
+    regimes: dict[str, int] = REGIMES,
 ) -> dict[str, dict]:
     """Every cached decision, plus ``measures[key]()`` for each key the cache lacks (then written back).
 
-    ``path``, ``machine`` and ``paths`` name another cache (default: this file's),
-    as ``read_decisions`` takes them.
+    ``path``, ``machine``, ``paths`` and ``regimes`` name another cache (default: this file's), as
+    ``read_decisions`` takes them.
     """
     path = path or cache_path()
-    decisions = read_decisions(path, machine, paths) if use_cache else {}
+    decisions = read_decisions(path, machine, paths, regimes) if use_cache else {}
     busy = noisy_keys(path) & decisions.keys() if use_cache else set()
     busy_now = machine_busy()
     if not busy_now:  # decisions taken under load are noise: retake them now that the machine is quiet

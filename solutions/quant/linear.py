@@ -36,6 +36,16 @@ def cpu_kernel_fits(out_features: int, in_features: int, group_size: int) -> boo
     return out_features % CPU_BLOCK_N == 0 and in_features % 32 == 0 and group_size in CPU_GROUP_SIZES
 
 
+def int4_mm_cpu(
+    x: torch.Tensor, qweight: torch.Tensor, group_size: int, scale_offset: torch.Tensor
+) -> torch.Tensor:
+    """``x [rows, K] @ W^T`` through torch's CPU int4 kernel, ``W`` as ``QuantLinear`` keeps it on a CPU
+    (``qweight`` tiled uint8, ``scale_offset`` bfloat16 ``[K/g, N, 2]``); activations go in as bfloat16 and
+    the result comes back in ``x``'s dtype (no cast at all for a bfloat16 ``x``)."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), qweight, group_size, scale_offset)
+    return out.to(x.dtype)
+
+
 class QuantLinear(nn.Module):
     """``y = x W^T`` for a group-quantized ``W`` ``[out_features, in_features]``; no bias."""
 
@@ -80,12 +90,10 @@ class QuantLinear(nn.Module):
             )
         flat = x.reshape(-1, self.in_features)
         if self.backend == "cpu":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat.to(torch.bfloat16), self.qweight, self.group_size, self.scale_offset
-            )
+            out = int4_mm_cpu(flat, self.qweight, self.group_size, self.scale_offset)
         else:
-            out = awq_gemm(flat, self.qweight, self.scales, self.zeros, self.group_size)
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            out = awq_gemm(flat, self.qweight, self.scales, self.zeros, self.group_size).to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows ``W[ids]`` ``[..., in_features]`` in the module's dtype."""

@@ -17,7 +17,14 @@ import torch
 
 from ...bench import step_split
 from ...bench.cpu_attention import attention_table
-from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner, prefill_seconds
+from ...bench.decode import (
+    LLAMA_CPP_MISSING,
+    PROMPT,
+    decode_speeds,
+    llama_cpp_runner,
+    modules_run,
+    prefill_seconds,
+)
 from ...bench.hf_peer import hf_generate, load_hf_model
 from ...bench.layer_ops import decision_lines, step_ab_lines, torch_compile_lines
 from ...bench.machine import machine_name
@@ -77,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=max_len, enable_prefix_caching=False
     )
     runs = {f"fast-mode engine {args.dtype}": lambda n: llm.generate(PROMPT, greedy(n))}
+    if llm.engine.model.fused_decode is not None:  # the same engine, its layers run as modules
+        runs[f"fast-mode {args.dtype}, modules"] = modules_run(llm, PROMPT, greedy)
     bf16 = None
     if args.dtype == "float32" and not args.no_bf16 and PATHS["onednn"].supports(torch.bfloat16):
         bf16 = LLM(device="cpu", dtype="bfloat16", max_num_seqs=1, max_model_len=max_len)
@@ -124,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     if peer is None:
         print(LLAMA_CPP_MISSING)
     step_s = 1 / speeds[f"fast-mode engine {args.dtype}"]
-    print(f"where a decode step goes ({args.dtype}; {split.steps} steps timed part by part):")
+    layers = type(model.fused_decode).__name__ if model.fused_decode is not None else "modules"
+    print(f"where a decode step goes ({args.dtype}, layers: {layers}; {split.steps} steps timed by part):")
     print("\n".join(step_split.split_lines(split, step_linears_s * 1e3, step_s * 1e3)))
     print(
         f"the linears alone read {weight_bytes / step_linears_s / 1e9:.1f} GB/s; a roofline step is "

@@ -5,7 +5,9 @@ model holds (every tensor once; the tied embedding / LM head is one matrix), and
 tokens/s measured as in ``bench decode`` (repeats alternate between engines; medians). On CPU the
 quantized engines use torch's int4 kernel (``aten._weight_int4pack_mm_for_cpu``). With ``llama-cpp-python``
 installed, llama.cpp on the same Q4_1 file joins as a peer. The AWQ engine's decode step is then taken apart
-as ``bench decode`` does it (``step_split``: matrix products, attention, elementwise, sampler, Python/other).
+as ``bench decode`` does it (``step_split``: matrix products, attention, elementwise, sampler, Python/other;
+its layers compiled whole, ``quant/cpu_int4_layer.py``, are one part, and the same engine with its layers
+run module by module is timed beside it).
 On a CUDA machine a last table times the Triton W4A16 GEMV against a float16 matrix-vector product for each
 of the model's weight shapes.
 """
@@ -16,7 +18,7 @@ import argparse
 
 import torch
 
-from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner
+from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner, modules_run
 from ...bench.machine import machine_name
 from ...bench.step_split import linear_seconds, measure_step_split, split_lines
 from ...kernels.awq_gemm import awq_gemm
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     runs = {name: (lambda n, llm=llm: llm.generate(PROMPT, greedy(n))) for name, llm in llms.items()}
+    if llms["AWQ"].engine.model.fused_decode is not None:  # the same engine, its layers as modules
+        runs["AWQ, modules"] = modules_run(llms["AWQ"], PROMPT, greedy)
     peer = llama_cpp_runner(args.threads)
     if peer is not None:
         runs["llama.cpp Q4_1 (peer)"] = peer
@@ -149,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     step = 1 / speeds["AWQ"]
     nbytes = weight_bytes(awq_model)
-    print(f"where an AWQ decode step goes (layer ops: {awq_model.ops.name}; timed part by part):")
+    layers = type(awq_model.fused_decode).__name__ if awq_model.fused_decode is not None else "modules"
+    print(
+        f"where an AWQ decode step goes (layers: {layers}; layer ops: {awq_model.ops.name}; timed by part):"
+    )
     print("\n".join(split_lines(awq_split, awq_linears_s * 1e3, step * 1e3)))
     print(
         f"the INT4 linears alone read {nbytes / awq_linears_s / 1e9:.1f} GB/s of packed weights; "

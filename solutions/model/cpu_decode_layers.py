@@ -1,0 +1,237 @@
+"""A lone decode's layers on a CPU without the module calls: the step that batch-1 decoding runs hundreds of
+times a second.
+
+Decoding one sequence on a CPU, the model's layers cost more than their matrix products: each layer is ten
+module calls (the decoder layer, its attention and MLP, two norms, four linears), each a few microseconds
+of Python before any work, and between the Q/K/V and output products sit RoPE, the K/V store, the cast to
+the cache's dtype and torch's attention call, five operators of a few microseconds each for one query.
+``bench decode`` prints the step's split. ``DecodeLayers`` runs the same layers for a one-token step as one
+Python loop over plain function calls:
+
+    for each layer:
+        normed, residual = ops.add_rms_norm(hidden, residual, input_norm)    (the model's LayerOps)
+        qkv = qkv_proj.forward(normed)                                      (the product cpu_linear chose)
+        attended = attention([qkv, cos, sin, keys, values, row])            (one compiled call, below)
+        hidden = o_proj.forward(attended)
+        normed, residual = ops.add_rms_norm(hidden, residual, post_norm)
+        hidden = down_proj.forward(ops.silu_mul(gate_up_proj.forward(normed)))
+
+``rope_store_attend`` is RoPE on the token's Q and K heads, its K/V written at its row of the cache, and its
+query's attention over the whole context (torch's fused SDPA, as the eager path calls it), exported and
+compiled ahead of time (``kernels/cpu_aot.py``) with the model's head counts fixed and the context length
+free: one library per head shape, dtype and machine, seconds to build on first use, milliseconds to load.
+An INT4 model goes further: its whole layer is one compiled call (``quant/cpu_int4_layer.py``).
+
+When it runs (``__call__`` returns None otherwise, and the model runs its modules): a step of one token
+whose context is one run of cache rows, nothing stale among them (``PagedAttention.decode_context``: a lone
+decode on the torch path, read in place), hidden states and rotary tables of the dtype it was built for, and
+no forward hook on any module it stands in for (a hook must see its module run). The compiled attention is
+chosen as the fused chains are (``model/cpu_layer_ops.py``): only where it agrees with the eager one and
+measures faster, cached in ``cache_dir()/cpu_decode_layers.json``; ``FASTMODE_FUSED=0`` and the ``labs``
+package keep the modules.
+
+Invariant: the hidden states equal the modules' up to rounding (the compiled RoPE and casts round where
+eager rounds; attention is the same SDPA kernel). Built for ``model``'s modules as they are at construction:
+a model whose modules are replaced afterwards needs a new one (linears' forwards and the ``LayerOps`` are
+looked up at every call, so timers wrapped around them see their calls).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path
+from ..kernels.cpu_linear import cached_decisions, fastest_rounds, machine_key
+from ..paths import cache_dir, kernel_cache_dir
+from .layer_ops import fused_ops_enabled
+from .llama import LlamaModel, apply_rope
+from .moe import MoEMLP
+
+log = logging.getLogger("fastmode")
+CACHE_FILE = "cpu_decode_layers.json"
+PATHS = ("plain", "compiled")
+REGIMES = {"decode": 1}  # one token: the only regime these serve
+MEASURE_CONTEXT = 256  # cache rows a measurement attends over
+CALLS_PER_ROUND = 16
+
+
+def rope_store_attend(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    row: torch.Tensor,
+    *,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    """One token's attention from its fused projection ``qkv`` ``[1, heads + 2 kv_heads, D]``: RoPE on its Q
+    and K heads (``cos``, ``sin`` ``[1, D]``), its K and V written at ``row`` (``[1]`` int64) of ``keys``,
+    ``values`` ``[L, kv_heads, D]`` (its whole context, in the cache, read in place), then its query over
+    them. Returns ``[1, heads * D]`` in ``qkv``'s dtype; attention runs in the cache's dtype."""
+    q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+    keys.index_copy_(0, row, k.to(keys.dtype))
+    values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, L|1, D]
+    attended = F.scaled_dot_product_attention(*heads_first, enable_gqa=True)
+    return attended.reshape(1, -1).to(qkv.dtype)
+
+
+def library_key(path: Path) -> str:
+    """A decision's key: the library's file name, which hashes its source, shapes, dtypes and machine (a
+    changed function is measured anew)."""
+    return path.stem
+
+
+def choose(key: str, measure: Callable[[], dict[str, dict]]) -> bool:
+    """Whether the compiled path won ``measure`` (``{"decode": {"path", "us"}}``), from the cache where it
+    holds ``key``, else measured now and cached."""
+    machine = machine_key({"paths": list(PATHS), "regimes": REGIMES})
+    decisions = cached_decisions({key: measure}, True, cache_dir() / CACHE_FILE, machine, PATHS, REGIMES)
+    return decisions[key]["decode"]["path"] == "compiled"
+
+
+def timed_choice(calls: dict[str, Callable[[], object]]) -> dict[str, dict]:
+    """``{"decode": {"path", "us"}}``: the faster of ``calls`` ("plain" and, where it agreed, "compiled")."""
+    best = fastest_rounds({name: [call] * CALLS_PER_ROUND for name, call in calls.items()})
+    us = {name: round(seconds * 1e6, 2) for name, seconds in best.items()}
+    return {"decode": {"path": min(us, key=us.get), "us": us}}
+
+
+def agrees(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> bool:
+    """Equal up to rounding: relative error of each pair's norm within bfloat16's (float32 is far inside)."""
+    return all(
+        float((a.double() - b.double()).norm()) <= 2e-2 * float(b.double().norm())
+        for a, b in zip(got, expected, strict=True)
+    )
+
+
+def attention_inputs(
+    heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype, context: int
+) -> list[torch.Tensor]:
+    """Seeded random inputs for ``rope_store_attend``: a context of ``context`` rows, the token last."""
+    generator = torch.Generator().manual_seed(0)
+    qkv = torch.randn(1, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)
+    angles = torch.rand(1, head_dim, generator=generator) * 6.3
+    keys, values = torch.randn(2, context, kv_heads, head_dim, generator=generator).to(cache_dtype)
+    return [qkv, angles.cos().to(dtype), angles.sin().to(dtype), keys, values, torch.tensor([context - 1])]
+
+
+def compiled_attention(
+    heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> tuple[Runner, Path]:
+    """The library of ``rope_store_attend`` for these head counts, ``dtype`` projections and a ``cache_dtype``
+    cache (compiled on first use; raises ``CompileFailed`` where it cannot be built), and its path."""
+    examples = attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, context=37)
+    context = Dim("context", min=2)
+    dynamic = [None, None, None, {0: context}, {0: context}, None]
+    name = f"rope-store-attend-{_dtypes(dtype, cache_dtype)}"
+    sources = (rope_store_attend, apply_rope)
+    key = {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]}
+    path = package_path(kernel_cache_dir(), name, sources, examples, dynamic, key)
+    fn = functools.partial(rope_store_attend, heads=heads, kv_heads=kv_heads)
+    return compile_function(fn, examples, dynamic, path), path
+
+
+def _dtypes(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')}-{str(cache_dtype).removeprefix('torch.')}"
+
+
+class CompiledDecode:
+    """What a one-token step needs before compiled layers may run it instead of the model's modules."""
+
+    def __init__(self, model: LlamaModel):
+        self.model, self.dtype = model, model.norm.weight.dtype
+        # the hook dictionaries of every module stood in for (registering a hook adds to them in place)
+        self.hooks = [
+            hooks
+            for layer in model.layers
+            for module in layer.modules()
+            for hooks in (module._forward_hooks, module._forward_pre_hooks)
+        ]
+
+    def context(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object) -> object:
+        """``attend``'s ``DecodeContext`` when this step can run compiled, else None."""
+        if not hidden.dtype == cos.dtype == sin.dtype == self.dtype or self.hooked():
+            return None
+        decode_context = getattr(attend, "decode_context", None)
+        return decode_context() if decode_context is not None else None
+
+    def hooked(self) -> bool:
+        """Whether a forward hook would miss its call (on a module stood in for, or on every module)."""
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return True
+        return any(self.hooks)
+
+
+class DecodeLayers(CompiledDecode):
+    """``model``'s layers for one decode token as plain calls, attention compiled: a ``fused_decode``."""
+
+    def __init__(self, model: LlamaModel, attention: Runner):
+        super().__init__(model)
+        self.attention = attention
+        config = model.config
+        self.eps, self.shape = config.rms_norm_eps, (1, config.num_heads + 2 * config.num_kv_heads, -1)
+
+    def __call__(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object
+    ) -> torch.Tensor | None:
+        """The hidden state after every layer (``hidden + residual``), or None when this step is not one it
+        runs (see the module's docstring): the caller then runs the modules."""
+        context = self.context(hidden, cos, sin, attend)
+        if context is None:
+            return None
+        ops, eps, residual = self.model.ops, self.eps, None
+        for layer, keys, values in zip(self.model.layers, context.keys, context.values, strict=True):
+            attention, mlp = layer.self_attn, layer.mlp
+            normed, residual = ops.add_rms_norm(hidden, residual, layer.input_layernorm.weight, eps)
+            qkv = attention.qkv_proj.forward(normed).view(self.shape)
+            attended = self.attention([qkv, cos, sin, keys, values, context.row])[0]
+            hidden = attention.o_proj.forward(attended)
+            normed, residual = ops.add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight, eps)
+            hidden = mlp.down_proj.forward(ops.silu_mul(mlp.gate_up_proj.forward(normed)))
+        return hidden + residual
+
+
+@torch.inference_mode()
+def measure_attention(
+    run: Runner, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> dict[str, dict]:
+    """The compiled ``rope_store_attend`` against the same function run eagerly (its operators one by one,
+    as the modules run them), over ``MEASURE_CONTEXT`` rows; a compiled one that disagrees is not timed."""
+    inputs = attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_CONTEXT)
+    plain = functools.partial(rope_store_attend, *inputs, heads=heads, kv_heads=kv_heads)
+    fresh = [t.clone() for t in inputs]
+    calls = {"plain": plain}
+    if agrees(run(fresh), [plain()]) and agrees(fresh[3:5], inputs[3:5]):
+        calls["compiled"] = functools.partial(run, inputs)
+    return timed_choice(calls)
+
+
+def decode_layers(model: LlamaModel, cache_dtype: torch.dtype) -> DecodeLayers | None:
+    """``DecodeLayers`` for ``model`` on a CPU (its KV cache in ``cache_dtype``) where the compiled attention
+    measures faster than the eager one; None where it cannot run (a MoE layer, a build failure: one log line
+    says so), with ``FASTMODE_FUSED=0``, and under ``labs``."""
+    if not fused_ops_enabled() or not __name__.startswith("solutions.") or not len(model.layers):
+        return None
+    if model.norm.weight.device.type != "cpu" or any(isinstance(layer.mlp, MoEMLP) for layer in model.layers):
+        return None
+    config, dtype = model.config, model.norm.weight.dtype
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    try:
+        run, path = compiled_attention(*heads, dtype, cache_dtype)
+    except CompileFailed as error:
+        log.warning("decode layers: AOTInductor could not build their attention (%s); running modules", error)
+        return None
+    if not choose(library_key(path), functools.partial(measure_attention, run, *heads, dtype, cache_dtype)):
+        return None
+    return DecodeLayers(model, run)

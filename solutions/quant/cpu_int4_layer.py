@@ -1,0 +1,232 @@
+"""An INT4 model's whole decoder layer as one compiled call, for a lone decode on a CPU.
+
+Decoding one sequence with an INT4 model on a CPU, a layer's four matrix products take about as long as
+everything around them: ~15 small torch operators (norms, RoPE, the KV store, attention's bookkeeping,
+casts) and ten module calls of Python, a few microseconds each (``bench quant`` prints the step's split).
+torch's INT4 product is an ordinary aten operator, so the whole layer can be exported: add + RMSNorm, the
+Q/K/V product, RoPE + the KV store + one query's attention (``model/cpu_decode_layers.rope_store_attend``),
+the output product, add + RMSNorm, gate/up, SiLU-mul, down. AOTInductor compiles it into one C++ function
+(``kernels/cpu_aot.py``) and a decode step calls it once per layer: the products stay torch's kernel, and
+what sat between them becomes a few fused loops with no Python in between. (A float model's products are
+oneDNN's prepacked ones, which an exported function cannot take: its layers run as ``DecodeLayers``.)
+
+The layer is the model's own math: ``llama.py``'s ``add_rms_norm``, ``apply_rope`` and ``silu_mul``, torch's
+SDPA as the eager path calls it, and ``QuantLinear``'s product (``int4_mm_cpu``), exported with the model's
+sizes fixed and only the context length free: one library per model shape, dtype and machine, compiled on
+first use (seconds) into ``paths.kernel_cache_dir()`` and loaded in milliseconds after. It runs on the
+steps ``DecodeLayers`` runs (``CompiledDecode``: one token, its context one clean run of the cache, no hook),
+and is chosen the same way: where it agrees with the same function run eagerly and measures faster (cached
+beside ``DecodeLayers``' decisions); ``FASTMODE_FUSED=0`` and the ``labs`` package keep the modules.
+
+Invariant: the hidden states equal the modules' up to rounding; the compiled code rounds where eager rounds
+(``emulate_precision_casts``). Built for ``model``'s weight tensors as they are at construction: a model
+whose modules are replaced afterwards needs a new ``Int4DecodeLayers``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path
+from ..kernels.cpu_linear import machine_key
+from ..model.cpu_decode_layers import (
+    CompiledDecode,
+    agrees,
+    choose,
+    library_key,
+    rope_store_attend,
+    timed_choice,
+)
+from ..model.layer_ops import fused_ops_enabled
+from ..model.llama import LlamaModel, add_rms_norm, apply_rope, rms_norm, silu_mul
+from ..paths import kernel_cache_dir
+from .linear import QuantLinear, int4_mm_cpu
+
+log = logging.getLogger("fastmode")
+MEASURE_CONTEXT = 256  # cache rows the measurement attends over
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The sizes a compiled layer is fixed at (with its dtypes, they name its library)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    group_size: int
+    eps: float
+
+
+def decode_layer(
+    hidden: torch.Tensor,
+    residual: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    input_norm: torch.Tensor,
+    qkv: torch.Tensor,
+    qkv_scales: torch.Tensor,
+    o: torch.Tensor,
+    o_scales: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scales: torch.Tensor,
+    down: torch.Tensor,
+    down_scales: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    row: torch.Tensor,
+    *,
+    shape: LayerShape,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer for one token (``DecoderLayer.forward`` with ``PLAIN_OPS``): ``(hidden, residual)``
+    ``[1, hidden]`` in, the same pair one layer on out. ``keys``, ``values`` ``[L, Hkv, D]`` are the token's
+    whole context in the cache, read in place; its own K/V are written at ``row`` (``[1]`` int64) first."""
+    heads, kv_heads, group = shape.heads, shape.kv_heads, shape.group_size
+    normed, residual = add_rms_norm(hidden, residual, input_norm, shape.eps)
+    projected = int4_mm_cpu(normed, qkv, group, qkv_scales).view(1, heads + 2 * kv_heads, shape.head_dim)
+    attended = rope_store_attend(projected, cos, sin, keys, values, row, heads=heads, kv_heads=kv_heads)
+    out = int4_mm_cpu(attended, o, group, o_scales)
+    normed, residual = add_rms_norm(out, residual, post_norm, shape.eps)
+    activated = silu_mul(int4_mm_cpu(normed, gate_up, group, gate_up_scales))
+    return int4_mm_cpu(activated, down, group, down_scales), residual
+
+
+SOURCES = (decode_layer, add_rms_norm, rms_norm, rope_store_attend, apply_rope, silu_mul, int4_mm_cpu)
+
+
+def layer_weights(layer: nn.Module) -> tuple[torch.Tensor, ...]:
+    """The ten weight tensors ``decode_layer`` takes, in its order."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return (
+        layer.input_layernorm.weight,
+        attention.qkv_proj.qweight,
+        attention.qkv_proj.scale_offset,
+        attention.o_proj.qweight,
+        attention.o_proj.scale_offset,
+        layer.post_attention_layernorm.weight,
+        mlp.gate_up_proj.qweight,
+        mlp.gate_up_proj.scale_offset,
+        mlp.down_proj.qweight,
+        mlp.down_proj.scale_offset,
+    )
+
+
+def layer_shape(model: LlamaModel) -> LayerShape | None:
+    """The shape every layer of ``model`` shares, or None when a layer is not four CPU INT4 products of one
+    group size around a dense MLP (a float or CUDA model, a MoE layer)."""
+    config, group_sizes = model.config, set()
+    for layer in model.layers:
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
+        linears += (getattr(layer.mlp, "gate_up_proj", None), getattr(layer.mlp, "down_proj", None))
+        if not all(isinstance(m, QuantLinear) and m.backend == "cpu" for m in linears):
+            return None
+        group_sizes |= {m.group_size for m in linears}
+    if len(group_sizes) != 1:
+        return None
+    return LayerShape(
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+        group_sizes.pop(),
+        config.rms_norm_eps,
+    )
+
+
+def example_inputs(
+    weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype, context: int
+) -> list[torch.Tensor]:
+    """Inputs for ``decode_layer`` over ``weights`` with a random context of ``context`` rows (seeded)."""
+    generator, dtype = torch.Generator().manual_seed(0), weights[0].dtype
+    hidden, residual = torch.randn(2, 1, shape.hidden, generator=generator).to(dtype)
+    angles = torch.rand(1, shape.head_dim, generator=generator) * 6.3
+    keys, values = torch.randn(2, context, shape.kv_heads, shape.head_dim, generator=generator).to(
+        cache_dtype
+    )
+    row = torch.tensor([context - 1])
+    return [hidden, residual, angles.cos().to(dtype), angles.sin().to(dtype), *weights, keys, values, row]
+
+
+def compiled_layer(
+    weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype
+) -> tuple[Runner, Path]:
+    """The library of ``decode_layer`` at ``shape`` for ``weights``' dtypes and a ``cache_dtype`` cache,
+    compiled on first use (raises ``CompileFailed`` where it cannot be built), and its path."""
+    examples = example_inputs(weights, shape, cache_dtype, context=37)
+    context = Dim("context", min=2)
+    dynamic = [None] * (len(examples) - 3) + [{0: context}, {0: context}, None]
+    dtypes = f"{str(weights[0].dtype).removeprefix('torch.')}-{str(cache_dtype).removeprefix('torch.')}"
+    key = {"machine": machine_key({}), "shape": asdict(shape)}
+    path = package_path(kernel_cache_dir(), f"int4-decode-layer-{dtypes}", SOURCES, examples, dynamic, key)
+    if not path.exists():
+        log.info("INT4 decode layer: compiling it for %s (once per machine and model shape)", shape)
+    return compile_function(functools.partial(decode_layer, shape=shape), examples, dynamic, path), path
+
+
+@torch.inference_mode()
+def measure_layer(
+    run: Runner, weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype
+) -> dict[str, dict]:
+    """``{"decode": {"path", "us"}}``: the compiled layer against ``decode_layer`` run eagerly, one token over
+    ``MEASURE_CONTEXT`` cache rows (eager without the model's module calls: a bound in its favour). A compiled
+    layer whose outputs differ from the eager one's is not timed, so never chosen."""
+    inputs = example_inputs(weights, shape, cache_dtype, MEASURE_CONTEXT)
+    plain = functools.partial(decode_layer, *inputs, shape=shape)
+    fresh = [t.clone() for t in inputs]
+    calls = {"plain": plain}
+    if agrees(run(fresh), plain()) and agrees(fresh[-3:-1], inputs[-3:-1]):
+        calls["compiled"] = functools.partial(run, inputs)
+    return timed_choice(calls)
+
+
+class Int4DecodeLayers(CompiledDecode):
+    """``model``'s layers for one decode token, one compiled call each: ``LlamaModel.fused_decode``."""
+
+    def __init__(self, model: LlamaModel, run: Runner):
+        super().__init__(model)
+        self.run = run
+        self.weights = [layer_weights(layer) for layer in model.layers]
+
+    def __call__(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object
+    ) -> torch.Tensor | None:
+        """The hidden state after every layer (``hidden + residual``), or None when this step is not one it
+        runs (``CompiledDecode.context``): the caller then runs the modules."""
+        context = self.context(hidden, cos, sin, attend)
+        if context is None:
+            return None
+        residual = torch.zeros_like(hidden)  # the first layer adds nothing to its input
+        for weights, keys, values in zip(self.weights, context.keys, context.values, strict=True):
+            hidden, residual = self.run([hidden, residual, cos, sin, *weights, keys, values, context.row])
+        return hidden + residual
+
+
+def int4_decode_layers(model: LlamaModel, cache_dtype: torch.dtype) -> Int4DecodeLayers | None:
+    """The compiled decode layers for ``model`` (INT4 on a CPU, its KV cache in ``cache_dtype``) where they
+    measure faster than the eager ones; None where they cannot run or do not pay (one log line says why when
+    it is a failure to build), with ``FASTMODE_FUSED=0``, and under ``labs``."""
+    if not fused_ops_enabled() or not __name__.startswith("solutions.") or not len(model.layers):
+        return None
+    shape = layer_shape(model)
+    if shape is None or model.norm.weight.device.type != "cpu":
+        return None
+    weights = layer_weights(model.layers[0])
+    try:
+        run, path = compiled_layer(weights, shape, cache_dtype)
+    except CompileFailed as error:
+        log.warning("INT4 decode layer: AOTInductor could not build it (%s); running the modules", error)
+        return None
+    if not choose(library_key(path), functools.partial(measure_layer, run, weights, shape, cache_dtype)):
+        return None
+    return Int4DecodeLayers(model, run)

@@ -1,0 +1,289 @@
+"""A lone decode's layers without module calls (``model/cpu_decode_layers.py``) and an INT4 model's layer
+compiled whole (``quant/cpu_int4_layer.py``): the same math as the model's layers, K/V written into the cache
+in place, the engine's greedy tokens unchanged, and every step they cannot run (a batch, a hook, a context in
+pieces) left to the modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import write_tiny_llama
+
+from solutions import LLM, SamplingParams
+from solutions.bench.step_split import measure_step_split
+from solutions.cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
+from solutions.kernels.attention import gqa_attention
+from solutions.kernels.cpu_aot import CompileFailed, require_compiler
+from solutions.kernels.cpu_linear import cached_decisions, read_decisions
+from solutions.model.cpu_decode_layers import DecodeLayers, compiled_attention
+from solutions.model.llama import PLAIN_OPS
+from solutions.quant import cpu_int4_layer
+from solutions.quant.cpu_int4_layer import Int4DecodeLayers, decode_layer, layer_shape, layer_weights
+
+
+def _has_compiler() -> bool:
+    try:
+        require_compiler()
+    except CompileFailed:
+        return False
+    return True
+
+
+needs_compiler = pytest.mark.skipif(not _has_compiler(), reason="AOTInductor needs a C++ compiler")
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPTS = [[5, 17, 3, 88], [42, 9], [7, 7, 7, 60, 1, 2]]
+
+
+@pytest.fixture(scope="module")
+def int4_llm(tmp_path_factory):
+    """The tiny Llama (its vocabulary rounded up to 128 rows, as the int4 kernel needs) quantized to INT4
+    (round to nearest, groups of 32) on the CPU, float32 activations."""
+    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-v128"), vocab_size=128)
+    llm = LLM(
+        model=str(folder),
+        device="cpu",
+        dtype="float32",
+        quantization="rtn",
+        group_size=32,
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        max_num_seqs=4,
+    )
+    yield llm
+    llm.shutdown()
+
+
+def _compiled(llm: LLM) -> Int4DecodeLayers:
+    """The engine's compiled layers, built directly: whether they measure faster does not matter here."""
+    model = llm.engine.model
+    shape = layer_shape(model)
+    run, _ = cpu_int4_layer.compiled_layer(
+        layer_weights(model.layers[0]), shape, llm.engine.runner.cache.k.dtype
+    )
+    return Int4DecodeLayers(model, run)
+
+
+def _float_layers(llm: LLM) -> DecodeLayers:
+    """The engine's layers without module calls, attention compiled, built directly (whatever it measures)."""
+    model, config = llm.engine.model, llm.engine.model.config
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    run, _ = compiled_attention(*heads, model.norm.weight.dtype, llm.engine.runner.cache.k.dtype)
+    return DecodeLayers(model, run)
+
+
+class Counting:
+    """Wraps a ``fused_decode``: counts the steps it ran (returned a result) and the ones it declined."""
+
+    def __init__(self, fused: Int4DecodeLayers):
+        self.fused, self.ran, self.declined = fused, 0, 0
+
+    def __call__(self, *args):
+        out = self.fused(*args)
+        self.ran += out is not None
+        self.declined += out is None
+        return out
+
+
+def _tokens(llm: LLM, prompts: list[list[int]], together: bool = False) -> list[list[int]]:
+    if together:
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY)]
+    return [list(llm.generate([p], GREEDY)[0].outputs[0].token_ids) for p in prompts]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_float_layers_give_the_same_greedy_tokens(tiny_folder, dtype):
+    """A float model: no INT4 layer for it; its layers run as plain calls with the attention compiled give
+    the modules' greedy tokens, batch 1, and they ran every decode step."""
+    llm = LLM(model=str(tiny_folder), device="cpu", dtype=dtype, skip_tokenizer_init=True, max_model_len=256)
+    model = llm.engine.model
+    assert layer_shape(model) is None and not isinstance(model.fused_decode, Int4DecodeLayers)
+    if not _has_compiler():
+        return llm.shutdown()
+    counting = Counting(_float_layers(llm))
+    model.fused_decode = None
+    expected = _tokens(llm, PROMPTS)
+    model.fused_decode = counting
+    assert _tokens(llm, PROMPTS) == expected
+    assert counting.ran == len(PROMPTS) * (GREEDY.max_tokens - 1), (counting.ran, counting.declined)
+    llm.shutdown()
+
+
+@torch.inference_mode()
+def test_decode_layer_is_the_models_layer(int4_llm):
+    """Run eagerly, ``decode_layer`` gives what ``DecoderLayer`` gives with ``PLAIN_OPS`` for one token over
+    a 20-token context, and stores the token's K/V at its row."""
+    model = int4_llm.engine.model
+    layer, shape, config = model.layers[1], layer_shape(model), model.config
+    generator = torch.Generator().manual_seed(1)
+    hidden, residual = torch.randn(2, 1, config.hidden_size, generator=generator)
+    position = torch.tensor([19])
+    cos, sin = model.rope_cos[position], model.rope_sin[position]
+    keys, values = torch.randn(2, 20, config.num_kv_heads, config.head_dim, generator=generator)
+    stored = {}
+
+    def attend(index, q, k, v):  # the eager layer's attention: the token's K/V last in its context
+        stored["k"], stored["v"] = k, v
+        context = [torch.cat([c[:19], new]).transpose(0, 1)[None] for c, new in ((keys, k), (values, v))]
+        return gqa_attention(q.transpose(0, 1)[None], *context, causal=False)[0].transpose(0, 1)
+
+    ops = model.ops
+    model.use_ops(PLAIN_OPS)
+    try:
+        expected = layer(hidden, residual, cos, sin, attend)
+    finally:
+        model.use_ops(ops)
+    got = decode_layer(
+        hidden, residual, cos, sin, *layer_weights(layer), keys, values, torch.tensor([19]), shape=shape
+    )
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys[19], stored["k"][0])
+    torch.testing.assert_close(values[19], stored["v"][0])
+
+
+@needs_compiler
+@torch.inference_mode()
+def test_compiled_layer_writes_the_cache_in_place(int4_llm):
+    """Through views of a larger cache (as the engine passes them), the library gives the eager layer's
+    outputs and writes row ``row`` of the cache itself, nothing else."""
+    model = int4_llm.engine.model
+    shape, weights = layer_shape(model), layer_weights(model.layers[0])
+    run, _ = cpu_int4_layer.compiled_layer(weights, shape, torch.float32)
+    inputs = cpu_int4_layer.example_inputs(weights, shape, torch.float32, context=40)
+    big = [torch.randn(100, *t.shape[1:]) for t in inputs[-3:-1]]  # the context is rows 30:70 of these
+    for cache, context in zip(big, inputs[-3:-1], strict=True):
+        cache[30:70] = context
+    before = [cache.clone() for cache in big]
+    got = run([*inputs[:-3], big[0][30:70], big[1][30:70], torch.tensor([25])])
+    expected = decode_layer(*inputs[:-1], torch.tensor([25]), shape=shape)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for cache, old, written in zip(big, before, inputs[-3:-1], strict=True):
+        changed = (cache != old).any(dim=(1, 2)).nonzero().flatten().tolist()
+        assert changed == [55], changed
+        torch.testing.assert_close(cache[55], written[25])
+
+
+@needs_compiler
+@pytest.mark.parametrize("layers", ["int4", "float"])
+def test_engine_greedy_tokens_unchanged(int4_llm, layers):
+    """Batch-1 greedy decoding gives the same tokens with the INT4 layers compiled whole (or run as
+    ``DecodeLayers``, as where the whole layer does not pay) as with the modules, and they ran."""
+    model = int4_llm.engine.model
+    counting = Counting(_compiled(int4_llm) if layers == "int4" else _float_layers(int4_llm))
+    try:
+        model.fused_decode = None
+        expected = _tokens(int4_llm, PROMPTS)
+        model.fused_decode = counting
+        got = _tokens(int4_llm, PROMPTS)
+    finally:
+        model.fused_decode = None
+    assert got == expected
+    assert counting.ran == len(PROMPTS) * (GREEDY.max_tokens - 1), (counting.ran, counting.declined)
+
+
+@needs_compiler
+def test_steps_it_cannot_run_are_left_to_the_layers(int4_llm):
+    """Several sequences in a step, and a hook on a module the call replaces, run the eager layers: the
+    tokens are the same and the hook sees every step."""
+    model = int4_llm.engine.model
+    counting = Counting(_compiled(int4_llm))
+    seen = []
+    try:
+        model.fused_decode = None
+        expected = _tokens(int4_llm, PROMPTS, together=True)
+        model.fused_decode = counting
+        assert _tokens(int4_llm, PROMPTS, together=True) == expected
+        assert counting.ran == counting.declined == 0  # three tokens a step: the layers run, not asked
+        hook = model.layers[1].mlp.down_proj.register_forward_hook(lambda *args: seen.append(1))
+        try:
+            ran = counting.ran
+            assert _tokens(int4_llm, PROMPTS[:1]) == expected[:1]
+        finally:
+            hook.remove()
+        assert counting.ran == ran and counting.declined == GREEDY.max_tokens - 1
+        assert len(seen) == GREEDY.max_tokens  # the prompt's step and every decode step
+    finally:
+        model.fused_decode = None
+
+
+def _one_decode(blocks: list[int], length: int, slot: int) -> PagedAttention:
+    cache = PagedKVCache(
+        num_layers=3,
+        num_blocks=8,
+        block_size=4,
+        num_kv_heads=2,
+        head_dim=8,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([slot]),
+        block_table=torch.tensor([blocks], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([length], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=length,
+    )
+    return PagedAttention(cache, meta, "torch")
+
+
+def test_decode_context_views_one_run_of_the_cache():
+    attend = _one_decode([3, 4, 5], length=10, slot=5 * 4 + 1)  # tokens 0-9 in rows 12-21, the new one at 21
+    run = attend.decode_context()
+    assert run.keys.shape == run.values.shape == (3, 10, 2, 8) and run.row.tolist() == [9]
+    run.keys[2, 9] = 1.0  # a view: writes reach the cache itself
+    assert attend.cache.k[2].view(-1, 2, 8)[21].eq(1.0).all()
+    assert attend.cache.k.ne(0).sum() == 16
+
+
+@pytest.mark.parametrize(
+    "blocks, length, slot, why",
+    [
+        ([5, 4, 3], 10, 3 * 4 + 1, "descending: the last block's stale rows sit inside the run"),
+        ([3, 6], 6, 6 * 4 + 1, "two runs"),
+        ([3, 4], 6, -1, "the token keeps no K/V"),
+    ],
+)
+def test_decode_context_is_none_where_the_context_is_not_one_clean_run(blocks, length, slot, why):
+    assert _one_decode(blocks, length, slot).decode_context() is None, why
+
+
+def test_decisions_cache_keeps_its_own_regimes(tmp_path):
+    """A cache of one-regime decisions (the decode layer's) is read back under those regimes only."""
+    path, regimes, paths = tmp_path / "decisions.json", {"decode": 1}, ("plain", "compiled")
+    entry = {"decode": {"path": "compiled", "us": {"plain": 9.0, "compiled": 3.0}}}
+    assert cached_decisions({"k": lambda: entry}, True, path, {"m": 1}, paths, regimes) == {"k": entry}
+    assert read_decisions(path, {"m": 1}, paths, regimes) == {"k": entry}
+    assert read_decisions(path, {"m": 1}, paths) == {}  # not an entry for the three-regime caches
+
+
+@needs_compiler
+def test_step_split_times_the_compiled_layers_as_one_part(int4_llm):
+    """``bench quant``'s split: with the layers compiled whole, their calls are one part, the eager layers'
+    parts (attention, the layers' products) take no time, and the timer comes off after."""
+    model = int4_llm.engine.model
+    fused = model.fused_decode = _compiled(int4_llm)
+    try:
+        split = measure_step_split(int4_llm, PROMPTS[0], new_tokens=4, repeats=1)
+        assert model.fused_decode is fused
+    finally:
+        model.fused_decode = None
+    assert split.ms["compiled layers"] > 0 and split.ms["attention"] == 0, split.ms
+
+
+@needs_compiler
+def test_step_split_times_the_float_layers_by_part(tiny_folder):
+    """``DecodeLayers``' products and chains are the model's own (timed as such), its compiled attention
+    is timed as attention, and its attribute is restored after."""
+    llm = LLM(
+        model=str(tiny_folder), device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=64
+    )
+    model = llm.engine.model
+    fused = model.fused_decode = _float_layers(llm)
+    attention = fused.attention
+    split = measure_step_split(llm, PROMPTS[0], new_tokens=4, repeats=1)
+    assert model.fused_decode is fused and fused.attention is attention
+    assert split.ms["compiled layers"] == 0, split.ms
+    assert all(split.ms[part] > 0 for part in ("matrix products", "attention", "elementwise")), split.ms
+    llm.shutdown()
