@@ -15,6 +15,7 @@ from solutions.cache.paged_kv_cache import AttentionMetadata, PagedAttention, Pa
 from solutions.kernels.attention import gqa_attention
 from solutions.kernels.cpu_aot import CompileFailed, require_compiler
 from solutions.kernels.cpu_linear import cached_decisions, read_decisions
+from solutions.model import cpu_decode_layers
 from solutions.model.cpu_decode_layers import DecodeLayers, compiled_attention
 from solutions.model.llama import PLAIN_OPS
 from solutions.quant import cpu_int4_layer
@@ -287,3 +288,23 @@ def test_step_split_times_the_float_layers_by_part(tiny_folder):
     assert split.ms["compiled layers"] == 0, split.ms
     assert all(split.ms[part] > 0 for part in ("matrix products", "attention", "elementwise")), split.ms
     llm.shutdown()
+
+
+def test_no_compiler_or_fused_off_keeps_the_modules(int4_llm, monkeypatch, caplog):
+    """Where the libraries cannot be built, one warning says why and the modules run; ``FASTMODE_FUSED=0``
+    keeps the modules without trying."""
+    model, dtype = int4_llm.engine.model, int4_llm.engine.runner.cache.k.dtype
+
+    def no_compiler(*args, **kwargs):
+        raise CompileFailed("no C++ compiler: g++ is not on PATH (set $CXX to one)")
+
+    monkeypatch.setattr(cpu_decode_layers, "compiled_attention", no_compiler)
+    monkeypatch.setattr(cpu_int4_layer, "compiled_layer", no_compiler)
+    with caplog.at_level("WARNING", logger="fastmode"):
+        assert cpu_int4_layer.int4_decode_layers(model, dtype) is None
+        assert cpu_decode_layers.decode_layers(model, dtype) is None
+    assert [r.getMessage().count("no C++ compiler") for r in caplog.records] == [1, 1]
+    monkeypatch.undo()  # compilers back, then fused ops off: still the modules
+    monkeypatch.setenv("FASTMODE_FUSED", "0")
+    assert cpu_int4_layer.int4_decode_layers(model, dtype) is None
+    assert cpu_decode_layers.decode_layers(model, dtype) is None
