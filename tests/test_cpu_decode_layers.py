@@ -73,14 +73,16 @@ def _float_layers(llm: LLM) -> DecodeLayers:
 
 
 class Counting:
-    """Wraps a ``fused_decode``: counts the steps it ran (returned a result) and the ones it declined."""
+    """Wraps a ``fused_decode``: counts the steps it ran (returned a result), those of them whose context it
+    gathered (not one run of the cache), and the steps it declined."""
 
-    def __init__(self, fused: Int4DecodeLayers):
-        self.fused, self.ran, self.declined = fused, 0, 0
+    def __init__(self, fused: Int4DecodeLayers | DecodeLayers):
+        self.fused, self.ran, self.gathered, self.declined = fused, 0, 0, 0
 
-    def __call__(self, *args):
-        out = self.fused(*args)
+    def __call__(self, hidden, cos, sin, attend):
+        out = self.fused(hidden, cos, sin, attend)
         self.ran += out is not None
+        self.gathered += out is not None and attend.decode_context().rows is not None
         self.declined += out is None
         return out
 
@@ -150,7 +152,7 @@ def test_compiled_layer_writes_the_cache_in_place(int4_llm):
     model = int4_llm.engine.model
     shape, weights = layer_shape(model), layer_weights(model.layers[0])
     run, _ = cpu_int4_layer.compiled_layer(weights, shape, torch.float32)
-    inputs = cpu_int4_layer.example_inputs(weights, shape, torch.float32, context=40)
+    inputs = cpu_int4_layer.example_inputs(weights, shape, torch.float32, context=40, gathered=False)
     big = [torch.randn(100, *t.shape[1:]) for t in inputs[-3:-1]]  # the context is rows 30:70 of these
     for cache, context in zip(big, inputs[-3:-1], strict=True):
         cache[30:70] = context
@@ -163,6 +165,26 @@ def test_compiled_layer_writes_the_cache_in_place(int4_llm):
         changed = (cache != old).any(dim=(1, 2)).nonzero().flatten().tolist()
         assert changed == [55], changed
         torch.testing.assert_close(cache[55], written[25])
+
+
+@needs_compiler
+@torch.inference_mode()
+def test_compiled_layer_gathers_a_context_in_pieces(int4_llm):
+    """Given the context's rows (scattered over the cache, in token order), the library gives the eager
+    layer's outputs and writes the token's row of the cache, nothing else."""
+    model = int4_llm.engine.model
+    shape, weights = layer_shape(model), layer_weights(model.layers[0])
+    run, _ = cpu_int4_layer.compiled_layer(weights, shape, torch.float32)
+    inputs = cpu_int4_layer.example_inputs(weights, shape, torch.float32, context=40, gathered=True)
+    fresh = [t.clone() for t in inputs]
+    got = run(fresh)
+    expected = decode_layer(*inputs, shape=shape)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    untouched = cpu_int4_layer.example_inputs(weights, shape, torch.float32, 40, gathered=True)
+    for compiled, eager, before in zip(fresh[-4:-2], inputs[-4:-2], untouched[-4:-2], strict=True):
+        torch.testing.assert_close(compiled, eager)  # the same row written, with the same values
+        assert (compiled != before).any(dim=(1, 2)).nonzero().flatten().tolist() == inputs[-2].tolist()
 
 
 @needs_compiler
@@ -181,6 +203,25 @@ def test_engine_greedy_tokens_unchanged(int4_llm, layers):
         model.fused_decode = None
     assert got == expected
     assert counting.ran == len(PROMPTS) * (GREEDY.max_tokens - 1), (counting.ran, counting.declined)
+
+
+@needs_compiler
+@pytest.mark.parametrize("layers", ["int4", "float"])
+def test_a_shared_prefix_is_gathered_with_the_same_tokens(int4_llm, layers):
+    """Prompts that share a cached first block: each later context is two pieces of the cache, gathered by
+    its rows; the tokens are the modules' still."""
+    model, prefix = int4_llm.engine.model, list(range(3, 23))  # 20 tokens: one full block of 16 shared
+    prompts = [prefix + [40, 41], prefix + [50], prefix + [60, 61, 62]]
+    counting = Counting(_compiled(int4_llm) if layers == "int4" else _float_layers(int4_llm))
+    try:
+        model.fused_decode = None
+        expected = _tokens(int4_llm, prompts)
+        model.fused_decode = counting
+        got = _tokens(int4_llm, prompts)
+    finally:
+        model.fused_decode = None
+    assert got == expected
+    assert counting.ran == len(prompts) * (GREEDY.max_tokens - 1) and counting.gathered > 0, vars(counting)
 
 
 @needs_compiler
@@ -232,22 +273,30 @@ def _one_decode(blocks: list[int], length: int, slot: int) -> PagedAttention:
 def test_decode_context_views_one_run_of_the_cache():
     attend = _one_decode([3, 4, 5], length=10, slot=5 * 4 + 1)  # tokens 0-9 in rows 12-21, the new one at 21
     run = attend.decode_context()
-    assert run.keys.shape == run.values.shape == (3, 10, 2, 8) and run.row.tolist() == [9]
+    assert (
+        run.keys.shape == run.values.shape == (3, 10, 2, 8) and run.row.tolist() == [9] and run.rows is None
+    )
     run.keys[2, 9] = 1.0  # a view: writes reach the cache itself
     assert attend.cache.k[2].view(-1, 2, 8)[21].eq(1.0).all()
     assert attend.cache.k.ne(0).sum() == 16
 
 
 @pytest.mark.parametrize(
-    "blocks, length, slot, why",
+    "blocks, length, rows, why",
     [
-        ([5, 4, 3], 10, 3 * 4 + 1, "descending: the last block's stale rows sit inside the run"),
-        ([3, 6], 6, 6 * 4 + 1, "two runs"),
-        ([3, 4], 6, -1, "the token keeps no K/V"),
+        ([5, 4, 3], 10, [20, 21, 22, 23, 16, 17, 18, 19, 12, 13], "descending: stale rows inside the run"),
+        ([3, 6], 6, [12, 13, 14, 15, 24, 25], "two runs"),
     ],
 )
-def test_decode_context_is_none_where_the_context_is_not_one_clean_run(blocks, length, slot, why):
-    assert _one_decode(blocks, length, slot).decode_context() is None, why
+def test_decode_context_names_the_rows_of_a_context_in_pieces(blocks, length, rows, why):
+    """The whole caches, the token's cache row, and the context's rows in token order (the token's last)."""
+    context = _one_decode(blocks, length, rows[-1]).decode_context()
+    assert context.keys.shape == context.values.shape == (3, 32, 2, 8), why
+    assert context.row.tolist() == rows[-1:] and context.rows.tolist() == rows, why
+
+
+def test_decode_context_is_none_for_a_token_without_a_slot():
+    assert _one_decode([3, 4], 6, -1).decode_context() is None
 
 
 def test_decisions_cache_keeps_its_own_regimes(tmp_path):

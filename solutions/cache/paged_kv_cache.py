@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention_backend import resolve_backend
+from ..kernels.blocks import cache_slots
 from ..kernels.paged_attention import paged_attention
 from ..kernels.paged_torch import TorchPagedStep, check_slots_fit, kept_slots, write_slots
 from ..kernels.store_kv import store_kv
@@ -81,13 +82,18 @@ class AttentionMetadata:
 
 @dataclass(frozen=True)
 class DecodeContext:
-    """One decoding sequence's whole context read in place: ``keys``, ``values`` ``[num_layers, L, Hkv, D]``
-    are views of rows ``start : start + L`` of every layer's cache (rows in block-id order, every one of them
-    context), and this step's token is to be stored at row ``row`` (``[1]`` int64) of them."""
+    """One decoding sequence's context, for a caller that stores this step's K/V and attends itself.
+
+    ``rows`` None: ``keys``, ``values`` ``[num_layers, L, Hkv, D]`` are views of rows ``start : start + L`` of
+    every layer's cache (in block-id order, every one of them context, read in place), and the token goes to
+    row ``row`` (``[1]`` int64) of them. Otherwise ``keys``, ``values`` are every layer's whole cache
+    ``[num_layers, num_slots, Hkv, D]``, the token goes to cache row ``row``, and ``rows`` (``[L]`` int64) are
+    the context's cache rows in token order, the token's own last."""
 
     keys: torch.Tensor
     values: torch.Tensor
     row: torch.Tensor
+    rows: torch.Tensor | None = None
 
 
 class PagedAttention:
@@ -126,10 +132,10 @@ class PagedAttention:
         return self._attend_stored(q, k_cache, v_cache)
 
     def decode_context(self) -> DecodeContext | None:
-        """This step's context as one ``DecodeContext``, for a caller that stores and attends itself (the
+        """This step's context as a ``DecodeContext``, for a caller that stores and attends itself (the
         layers without module calls, ``model/cpu_decode_layers.py``); None unless the step is one decode on
-        the torch path whose cache rows form one run with no stale row among them (``TorchPagedStep``'s
-        ``CacheRun``)."""
+        the torch path. Read in place where its cache rows form one run with no stale row among them
+        (``TorchPagedStep``'s ``CacheRun``), else by its rows."""
         if (
             self.triton
             or self._step.num_seqs != 1
@@ -137,17 +143,17 @@ class PagedAttention:
             or self._with_slot is not None
         ):
             return None
-        run = self._step.decode_buckets[0].run
-        if run is None or run.mask is not None:
-            return None
-        row = int(self._slots[0]) - run.start
-        if not 0 <= row < run.length:
-            return None
+        bucket = self._step.decode_buckets[0]
         keys, values = (
-            cache.view(cache.shape[0], -1, *cache.shape[3:])[:, run.start : run.start + run.length]
-            for cache in (self.cache.k, self.cache.v)
+            cache.view(cache.shape[0], -1, *cache.shape[3:]) for cache in (self.cache.k, self.cache.v)
         )
-        return DecodeContext(keys, values, torch.tensor([row]))
+        run = bucket.run
+        if run is not None and run.mask is None and 0 <= int(self._slots[0]) - run.start < run.length:
+            in_run = slice(run.start, run.start + run.length)
+            return DecodeContext(keys[:, in_run], values[:, in_run], self._slots - run.start)
+        positions = torch.arange(bucket.length, device=bucket.table.device)
+        rows = cache_slots(bucket.table[0], positions, self.cache.block_size)
+        return DecodeContext(keys, values, self._slots, rows)
 
     def rope_store_attend(
         self,

@@ -70,17 +70,22 @@ def rope_store_attend(
     keys: torch.Tensor,
     values: torch.Tensor,
     row: torch.Tensor,
+    rows: torch.Tensor | None = None,
     *,
     heads: int,
     kv_heads: int,
 ) -> torch.Tensor:
     """One token's attention from its fused projection ``qkv`` ``[1, heads + 2 kv_heads, D]``: RoPE on its Q
     and K heads (``cos``, ``sin`` ``[1, D]``), its K and V written at ``row`` (``[1]`` int64) of ``keys``,
-    ``values`` ``[L, kv_heads, D]`` (its whole context, in the cache, read in place), then its query over
-    them. Returns ``[1, heads * D]`` in ``qkv``'s dtype; attention runs in the cache's dtype."""
+    ``values`` ``[S, kv_heads, D]`` (the cache, written in place), then its query over its context: all of
+    ``keys`` and ``values`` (one run of cache rows, read in place), or given ``rows`` (``[L]`` int64, in token
+    order), those rows gathered. Returns ``[1, heads * D]`` in ``qkv``'s dtype; attention runs in the cache's
+    dtype."""
     q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
     keys.index_copy_(0, row, k.to(keys.dtype))
     values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    if rows is not None:
+        keys, values = keys.index_select(0, rows), values.index_select(0, rows)
     heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, L|1, D]
     attended = F.scaled_dot_product_attention(*heads_first, enable_gqa=True)
     return attended.reshape(1, -1).to(qkv.dtype)
@@ -115,31 +120,102 @@ def agrees(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> boo
     )
 
 
-def attention_inputs(
-    heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype, context: int
+def context_inputs(
+    kv_heads: int, head_dim: int, cache_dtype: torch.dtype, context: int, gathered: bool
 ) -> list[torch.Tensor]:
-    """Seeded random inputs for ``rope_store_attend``: a context of ``context`` rows, the token last."""
+    """Seeded random trailing inputs of a compiled function over a decode's context (``DecodeContext``'s
+    fields): ``context`` rows read in place, the token's last; or, ``gathered``, a cache of
+    ``2 * context + 3`` rows and ``context`` of them in a shuffled order, the token's last."""
+    generator = torch.Generator().manual_seed(1)
+    slots = 2 * context + 3 if gathered else context
+    keys, values = torch.randn(2, slots, kv_heads, head_dim, generator=generator).to(cache_dtype)
+    if not gathered:
+        return [keys, values, torch.tensor([context - 1])]
+    rows = torch.randperm(slots, generator=generator)[:context]
+    return [keys, values, rows[-1:].clone(), rows]
+
+
+def context_dynamic(gathered: bool) -> list[dict | None]:
+    """The dynamic dimensions of ``context_inputs``: the cache rows and the context's length."""
+    if not gathered:
+        context = Dim("context", min=2)
+        return [{0: context}, {0: context}, None]
+    slots, context = Dim("slots", min=2), Dim("context", min=2)
+    return [{0: slots}, {0: slots}, None, {0: context}]
+
+
+def attention_inputs(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    context: int,
+    gathered: bool = False,
+) -> list[torch.Tensor]:
+    """Seeded random inputs for ``rope_store_attend`` over ``context`` rows (``context_inputs``)."""
     generator = torch.Generator().manual_seed(0)
     qkv = torch.randn(1, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)
     angles = torch.rand(1, head_dim, generator=generator) * 6.3
-    keys, values = torch.randn(2, context, kv_heads, head_dim, generator=generator).to(cache_dtype)
-    return [qkv, angles.cos().to(dtype), angles.sin().to(dtype), keys, values, torch.tensor([context - 1])]
+    tail = context_inputs(kv_heads, head_dim, cache_dtype, context, gathered)
+    return [qkv, angles.cos().to(dtype), angles.sin().to(dtype), *tail]
+
+
+class ContextRunners:
+    """A function compiled for both forms of a ``DecodeContext``: called with the in-place form's ``arity``
+    inputs it runs that library, with one more (the context's ``rows``) the gathering one."""
+
+    def __init__(self, in_place: Runner, gathered: Runner, arity: int):
+        self.in_place, self.gathered, self.arity = in_place, gathered, arity
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return (self.in_place if len(inputs) == self.arity else self.gathered)(inputs)
+
+
+def compile_both(
+    fn: Callable, name: str, sources: Sequence[Callable], key: object, examples: Callable[[bool], list]
+) -> tuple[ContextRunners, Path]:
+    """``fn`` compiled for both context forms (``examples(gathered)`` gives each form's example inputs, their
+    trailing ``context_inputs`` dynamic): the runners, and the in-place library's path (a decision's key)."""
+    runners, paths = [], []
+    for gathered in (False, True):
+        inputs = examples(gathered)
+        dynamic = [None] * (len(inputs) - (4 if gathered else 3)) + context_dynamic(gathered)
+        form = "gathered" if gathered else "in-place"
+        path = package_path(kernel_cache_dir(), f"{name}-{form}", sources, inputs, dynamic, key)
+        if not path.exists():
+            log.info("compiling %s (once per machine and model shape: seconds)", path.name)
+        runners.append(compile_function(fn, inputs, dynamic, path))
+        paths.append(path)
+    return ContextRunners(*runners, arity=len(examples(False))), paths[0]
 
 
 def compiled_attention(
     heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
-) -> tuple[Runner, Path]:
-    """The library of ``rope_store_attend`` for these head counts, ``dtype`` projections and a ``cache_dtype``
-    cache (compiled on first use; raises ``CompileFailed`` where it cannot be built), and its path."""
-    examples = attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, context=37)
-    context = Dim("context", min=2)
-    dynamic = [None, None, None, {0: context}, {0: context}, None]
-    name = f"rope-store-attend-{_dtypes(dtype, cache_dtype)}"
-    sources = (rope_store_attend, apply_rope)
-    key = {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]}
-    path = package_path(kernel_cache_dir(), name, sources, examples, dynamic, key)
+) -> tuple[ContextRunners, Path]:
+    """``rope_store_attend`` compiled for these head counts, ``dtype`` projections and a ``cache_dtype``
+    cache, both context forms (on first use; raises ``CompileFailed`` where it cannot be built)."""
     fn = functools.partial(rope_store_attend, heads=heads, kv_heads=kv_heads)
-    return compile_function(fn, examples, dynamic, path), path
+    return compile_both(
+        fn,
+        f"rope-store-attend-{_dtypes(dtype, cache_dtype)}",
+        (rope_store_attend, apply_rope),
+        {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]},
+        lambda gathered: attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 37, gathered),
+    )
+
+
+def agree_in_both_forms(run: ContextRunners, plain: Callable, inputs: Callable[[bool], list]) -> bool:
+    """Whether ``run`` agrees with ``plain`` (the function run eagerly) in both forms, outputs and the cache
+    rows it wrote alike."""
+    for gathered in (False, True):
+        expected_inputs, fresh = inputs(gathered), inputs(gathered)
+        expected = plain(*expected_inputs)
+        expected = list(expected) if isinstance(expected, tuple) else [expected]
+        cache = slice(-4, -2) if gathered else slice(-3, -1)
+        if not (agrees(run(fresh), expected) and agrees(fresh[cache], expected_inputs[cache])):
+            return False
+    return True
 
 
 def _dtypes(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
@@ -176,7 +252,7 @@ class CompiledDecode:
 class DecodeLayers(CompiledDecode):
     """``model``'s layers for one decode token as plain calls, attention compiled: a ``fused_decode``."""
 
-    def __init__(self, model: LlamaModel, attention: Runner):
+    def __init__(self, model: LlamaModel, attention: ContextRunners):
         super().__init__(model)
         self.attention = attention
         config = model.config
@@ -190,12 +266,13 @@ class DecodeLayers(CompiledDecode):
         context = self.context(hidden, cos, sin, attend)
         if context is None:
             return None
+        context_tail = [context.row] if context.rows is None else [context.row, context.rows]
         ops, eps, residual = self.model.ops, self.eps, None
         for layer, keys, values in zip(self.model.layers, context.keys, context.values, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             normed, residual = ops.add_rms_norm(hidden, residual, layer.input_layernorm.weight, eps)
             qkv = attention.qkv_proj.forward(normed).view(self.shape)
-            attended = self.attention([qkv, cos, sin, keys, values, context.row])[0]
+            attended = self.attention([qkv, cos, sin, keys, values, *context_tail])[0]
             hidden = attention.o_proj.forward(attended)
             normed, residual = ops.add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight, eps)
             hidden = mlp.down_proj.forward(ops.silu_mul(mlp.gate_up_proj.forward(normed)))
@@ -204,16 +281,24 @@ class DecodeLayers(CompiledDecode):
 
 @torch.inference_mode()
 def measure_attention(
-    run: Runner, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+    run: ContextRunners,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
 ) -> dict[str, dict]:
     """The compiled ``rope_store_attend`` against the same function run eagerly (its operators one by one,
-    as the modules run them), over ``MEASURE_CONTEXT`` rows; a compiled one that disagrees is not timed."""
-    inputs = attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_CONTEXT)
-    plain = functools.partial(rope_store_attend, *inputs, heads=heads, kv_heads=kv_heads)
-    fresh = [t.clone() for t in inputs]
-    calls = {"plain": plain}
-    if agrees(run(fresh), [plain()]) and agrees(fresh[3:5], inputs[3:5]):
-        calls["compiled"] = functools.partial(run, inputs)
+    as the modules run them), in place over ``MEASURE_CONTEXT`` rows; a compiled one that disagrees in
+    either form is not timed."""
+    plain = functools.partial(rope_store_attend, heads=heads, kv_heads=kv_heads)
+    inputs = functools.partial(
+        attention_inputs, heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_CONTEXT
+    )
+    timed = inputs(False)
+    calls = {"plain": functools.partial(plain, *timed)}
+    if agree_in_both_forms(run, plain, inputs):
+        calls["compiled"] = functools.partial(run, timed)
     return timed_choice(calls)
 
 

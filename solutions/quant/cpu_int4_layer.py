@@ -33,21 +33,22 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.export import Dim
 
-from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path
+from ..kernels.cpu_aot import CompileFailed
 from ..kernels.cpu_linear import machine_key
 from ..model.cpu_decode_layers import (
     CompiledDecode,
-    agrees,
+    ContextRunners,
+    agree_in_both_forms,
     choose,
+    compile_both,
+    context_inputs,
     library_key,
     rope_store_attend,
     timed_choice,
 )
 from ..model.layer_ops import fused_ops_enabled
 from ..model.llama import LlamaModel, add_rms_norm, apply_rope, rms_norm, silu_mul
-from ..paths import kernel_cache_dir
 from .linear import QuantLinear, int4_mm_cpu
 
 log = logging.getLogger("fastmode")
@@ -85,16 +86,17 @@ def decode_layer(
     keys: torch.Tensor,
     values: torch.Tensor,
     row: torch.Tensor,
+    rows: torch.Tensor | None = None,
     *,
     shape: LayerShape,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer for one token (``DecoderLayer.forward`` with ``PLAIN_OPS``): ``(hidden, residual)``
-    ``[1, hidden]`` in, the same pair one layer on out. ``keys``, ``values`` ``[L, Hkv, D]`` are the token's
-    whole context in the cache, read in place; its own K/V are written at ``row`` (``[1]`` int64) first."""
+    ``[1, hidden]`` in, the same pair one layer on out. ``keys``, ``values``, ``row``, ``rows``: the token's
+    context in the cache and where its K/V go, as ``rope_store_attend`` takes them."""
     heads, kv_heads, group = shape.heads, shape.kv_heads, shape.group_size
     normed, residual = add_rms_norm(hidden, residual, input_norm, shape.eps)
     projected = int4_mm_cpu(normed, qkv, group, qkv_scales).view(1, heads + 2 * kv_heads, shape.head_dim)
-    attended = rope_store_attend(projected, cos, sin, keys, values, row, heads=heads, kv_heads=kv_heads)
+    attended = rope_store_attend(projected, cos, sin, keys, values, row, rows, heads=heads, kv_heads=kv_heads)
     out = int4_mm_cpu(attended, o, group, o_scales)
     normed, residual = add_rms_norm(out, residual, post_norm, shape.eps)
     activated = silu_mul(int4_mm_cpu(normed, gate_up, group, gate_up_scales))
@@ -145,55 +147,52 @@ def layer_shape(model: LlamaModel) -> LayerShape | None:
 
 
 def example_inputs(
-    weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype, context: int
+    weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype, context: int, gathered: bool
 ) -> list[torch.Tensor]:
-    """Inputs for ``decode_layer`` over ``weights`` with a random context of ``context`` rows (seeded)."""
+    """Seeded random inputs for ``decode_layer`` over ``weights`` and a context of ``context`` rows, read in
+    place or ``gathered`` (``context_inputs``)."""
     generator, dtype = torch.Generator().manual_seed(0), weights[0].dtype
     hidden, residual = torch.randn(2, 1, shape.hidden, generator=generator).to(dtype)
     angles = torch.rand(1, shape.head_dim, generator=generator) * 6.3
-    keys, values = torch.randn(2, context, shape.kv_heads, shape.head_dim, generator=generator).to(
-        cache_dtype
-    )
-    row = torch.tensor([context - 1])
-    return [hidden, residual, angles.cos().to(dtype), angles.sin().to(dtype), *weights, keys, values, row]
+    tail = context_inputs(shape.kv_heads, shape.head_dim, cache_dtype, context, gathered)
+    return [hidden, residual, angles.cos().to(dtype), angles.sin().to(dtype), *weights, *tail]
 
 
 def compiled_layer(
     weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype
-) -> tuple[Runner, Path]:
-    """The library of ``decode_layer`` at ``shape`` for ``weights``' dtypes and a ``cache_dtype`` cache,
-    compiled on first use (raises ``CompileFailed`` where it cannot be built), and its path."""
-    examples = example_inputs(weights, shape, cache_dtype, context=37)
-    context = Dim("context", min=2)
-    dynamic = [None] * (len(examples) - 3) + [{0: context}, {0: context}, None]
+) -> tuple[ContextRunners, Path]:
+    """``decode_layer`` compiled at ``shape`` for ``weights``' dtypes and a ``cache_dtype`` cache, both
+    context forms (on first use; raises ``CompileFailed`` where it cannot be built)."""
     dtypes = f"{str(weights[0].dtype).removeprefix('torch.')}-{str(cache_dtype).removeprefix('torch.')}"
-    key = {"machine": machine_key({}), "shape": asdict(shape)}
-    path = package_path(kernel_cache_dir(), f"int4-decode-layer-{dtypes}", SOURCES, examples, dynamic, key)
-    if not path.exists():
-        log.info("INT4 decode layer: compiling it for %s (once per machine and model shape)", shape)
-    return compile_function(functools.partial(decode_layer, shape=shape), examples, dynamic, path), path
+    return compile_both(
+        functools.partial(decode_layer, shape=shape),
+        f"int4-decode-layer-{dtypes}",
+        SOURCES,
+        {"machine": machine_key({}), "shape": asdict(shape)},
+        lambda gathered: example_inputs(weights, shape, cache_dtype, 37, gathered),
+    )
 
 
 @torch.inference_mode()
 def measure_layer(
-    run: Runner, weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype
+    run: ContextRunners, weights: Sequence[torch.Tensor], shape: LayerShape, cache_dtype: torch.dtype
 ) -> dict[str, dict]:
     """``{"decode": {"path", "us"}}``: the compiled layer against ``decode_layer`` run eagerly, one token over
-    ``MEASURE_CONTEXT`` cache rows (eager without the model's module calls: a bound in its favour). A compiled
-    layer whose outputs differ from the eager one's is not timed, so never chosen."""
-    inputs = example_inputs(weights, shape, cache_dtype, MEASURE_CONTEXT)
-    plain = functools.partial(decode_layer, *inputs, shape=shape)
-    fresh = [t.clone() for t in inputs]
-    calls = {"plain": plain}
-    if agrees(run(fresh), plain()) and agrees(fresh[-3:-1], inputs[-3:-1]):
-        calls["compiled"] = functools.partial(run, inputs)
+    ``MEASURE_CONTEXT`` cache rows read in place (eager without the model's module calls: a bound in its
+    favour). A compiled layer that disagrees with the eager one in either form is never timed, nor chosen."""
+    plain = functools.partial(decode_layer, shape=shape)
+    inputs = functools.partial(example_inputs, weights, shape, cache_dtype, MEASURE_CONTEXT)
+    timed = inputs(False)
+    calls = {"plain": functools.partial(plain, *timed)}
+    if agree_in_both_forms(run, plain, inputs):
+        calls["compiled"] = functools.partial(run, timed)
     return timed_choice(calls)
 
 
 class Int4DecodeLayers(CompiledDecode):
     """``model``'s layers for one decode token, one compiled call each: ``LlamaModel.fused_decode``."""
 
-    def __init__(self, model: LlamaModel, run: Runner):
+    def __init__(self, model: LlamaModel, run: ContextRunners):
         super().__init__(model)
         self.run = run
         self.weights = [layer_weights(layer) for layer in model.layers]
@@ -207,8 +206,9 @@ class Int4DecodeLayers(CompiledDecode):
         if context is None:
             return None
         residual = torch.zeros_like(hidden)  # the first layer adds nothing to its input
+        tail = [context.row] if context.rows is None else [context.row, context.rows]
         for weights, keys, values in zip(self.weights, context.keys, context.values, strict=True):
-            hidden, residual = self.run([hidden, residual, cos, sin, *weights, keys, values, context.row])
+            hidden, residual = self.run([hidden, residual, cos, sin, *weights, keys, values, *tail])
         return hidden + residual
 
 
