@@ -20,15 +20,17 @@ Python loop over plain function calls:
 query's attention over the whole context (torch's fused SDPA, as the eager path calls it), exported and
 compiled ahead of time (``kernels/cpu_aot.py``) with the model's head counts fixed and the context length
 free: one library per head shape, dtype and machine, seconds to build on first use, milliseconds to load.
-An INT4 model goes further: its whole layer is one compiled call (``quant/cpu_int4_layer.py``).
+The context comes as ``PagedAttention.decode_context`` gives it: one run of cache rows read in place (a
+fresh sequence's blocks), or its rows gathered (blocks shared through the prefix cache, or handed out again
+in another order), so it is compiled in both forms (``ContextRunners``). An INT4 model goes further: its
+whole layer is one compiled call (``quant/cpu_int4_layer.py``).
 
-When it runs (``__call__`` returns None otherwise, and the model runs its modules): a step of one token
-whose context is one run of cache rows, nothing stale among them (``PagedAttention.decode_context``: a lone
-decode on the torch path, read in place), hidden states and rotary tables of the dtype it was built for, and
-no forward hook on any module it stands in for (a hook must see its module run). The compiled attention is
-chosen as the fused chains are (``model/cpu_layer_ops.py``): only where it agrees with the eager one and
-measures faster, cached in ``cache_dir()/cpu_decode_layers.json``; ``FASTMODE_FUSED=0`` and the ``labs``
-package keep the modules.
+When it runs (``__call__`` returns None otherwise, and the model runs its modules): a step of one token, a
+lone decode on the torch path (``decode_context``), hidden states and rotary tables of the dtype it was built
+for, and no forward hook on any module it stands in for (a hook must see its module run). The compiled
+attention is chosen as the fused chains are (``model/cpu_layer_ops.py``): only where it agrees with the eager
+one (in both forms) and measures faster, cached in ``cache_dir()/cpu_decode_layers.json``;
+``FASTMODE_FUSED=0`` and the ``labs`` package keep the modules.
 
 Invariant: the hidden states equal the modules' up to rounding (the compiled RoPE and casts round where
 eager rounds; attention is the same SDPA kernel). Built for ``model``'s modules as they are at construction:

@@ -14,7 +14,7 @@ The layer is the model's own math: ``llama.py``'s ``add_rms_norm``, ``apply_rope
 SDPA as the eager path calls it, and ``QuantLinear``'s product (``int4_mm_cpu``), exported with the model's
 sizes fixed and only the context length free: one library per model shape, dtype and machine, compiled on
 first use (seconds) into ``paths.kernel_cache_dir()`` and loaded in milliseconds after. It runs on the
-steps ``DecodeLayers`` runs (``CompiledDecode``: one token, its context one clean run of the cache, no hook),
+steps ``DecodeLayers`` runs (``CompiledDecode``: one token, a lone decode, no hook; both context forms),
 and is chosen the same way: where it agrees with the same function run eagerly and measures faster (cached
 beside ``DecodeLayers``' decisions); ``FASTMODE_FUSED=0`` and the ``labs`` package keep the modules.
 
