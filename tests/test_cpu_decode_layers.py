@@ -87,6 +87,21 @@ class Counting:
         return out
 
 
+def _modules_then(
+    fused: Counting, llm: LLM, prompts: list[list[int]]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy tokens of ``prompts`` one at a time, first through the modules, then with ``fused`` as the
+    model's ``fused_decode`` (None again after)."""
+    model = llm.engine.model
+    try:
+        model.fused_decode = None
+        expected = _tokens(llm, prompts)
+        model.fused_decode = fused
+        return expected, _tokens(llm, prompts)
+    finally:
+        model.fused_decode = None
+
+
 def _tokens(llm: LLM, prompts: list[list[int]], together: bool = False) -> list[list[int]]:
     if together:
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY)]
@@ -103,10 +118,8 @@ def test_float_layers_give_the_same_greedy_tokens(tiny_folder, dtype):
     if not _has_compiler():
         return llm.shutdown()
     counting = Counting(_float_layers(llm))
-    model.fused_decode = None
-    expected = _tokens(llm, PROMPTS)
-    model.fused_decode = counting
-    assert _tokens(llm, PROMPTS) == expected
+    expected, got = _modules_then(counting, llm, PROMPTS)
+    assert got == expected
     assert counting.ran == len(PROMPTS) * (GREEDY.max_tokens - 1), (counting.ran, counting.declined)
     llm.shutdown()
 
@@ -192,15 +205,8 @@ def test_compiled_layer_gathers_a_context_in_pieces(int4_llm):
 def test_engine_greedy_tokens_unchanged(int4_llm, layers):
     """Batch-1 greedy decoding gives the same tokens with the INT4 layers compiled whole (or run as
     ``DecodeLayers``, as where the whole layer does not pay) as with the modules, and they ran."""
-    model = int4_llm.engine.model
     counting = Counting(_compiled(int4_llm) if layers == "int4" else _float_layers(int4_llm))
-    try:
-        model.fused_decode = None
-        expected = _tokens(int4_llm, PROMPTS)
-        model.fused_decode = counting
-        got = _tokens(int4_llm, PROMPTS)
-    finally:
-        model.fused_decode = None
+    expected, got = _modules_then(counting, int4_llm, PROMPTS)
     assert got == expected
     assert counting.ran == len(PROMPTS) * (GREEDY.max_tokens - 1), (counting.ran, counting.declined)
 
@@ -210,16 +216,10 @@ def test_engine_greedy_tokens_unchanged(int4_llm, layers):
 def test_a_shared_prefix_is_gathered_with_the_same_tokens(int4_llm, layers):
     """Prompts that share a cached first block: each later context is two pieces of the cache, gathered by
     its rows; the tokens are the modules' still."""
-    model, prefix = int4_llm.engine.model, list(range(3, 23))  # 20 tokens: one full block of 16 shared
+    prefix = list(range(3, 23))  # 20 tokens: one full block of 16 shared
     prompts = [prefix + [40, 41], prefix + [50], prefix + [60, 61, 62]]
     counting = Counting(_compiled(int4_llm) if layers == "int4" else _float_layers(int4_llm))
-    try:
-        model.fused_decode = None
-        expected = _tokens(int4_llm, prompts)
-        model.fused_decode = counting
-        got = _tokens(int4_llm, prompts)
-    finally:
-        model.fused_decode = None
+    expected, got = _modules_then(counting, int4_llm, prompts)
     assert got == expected
     assert counting.ran == len(prompts) * (GREEDY.max_tokens - 1) and counting.gathered > 0, vars(counting)
 
