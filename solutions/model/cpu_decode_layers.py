@@ -107,8 +107,15 @@ def choose(key: str, measure: Callable[[], dict[str, dict]]) -> bool:
     return decisions[key]["decode"]["path"] == "compiled"
 
 
-def timed_choice(calls: dict[str, Callable[[], object]]) -> dict[str, dict]:
-    """``{"decode": {"path", "us"}}``: the faster of ``calls`` ("plain" and, where it agreed, "compiled")."""
+def measure_compiled(
+    run: ContextRunners, plain: Callable, inputs: Callable[[bool], list[torch.Tensor]]
+) -> dict[str, dict]:
+    """``{"decode": {"path", "us"}}``: ``run`` against ``plain`` (the same function run eagerly) on the
+    in-place form of ``inputs(gathered)``; a ``run`` disagreeing in either form is never timed or chosen."""
+    timed = inputs(False)
+    calls = {"plain": functools.partial(plain, *timed)}
+    if agree_in_both_forms(run, plain, inputs):
+        calls["compiled"] = functools.partial(run, timed)
     best = fastest_rounds({name: [call] * CALLS_PER_ROUND for name, call in calls.items()})
     us = {name: round(seconds * 1e6, 2) for name, seconds in best.items()}
     return {"decode": {"path": min(us, key=us.get), "us": us}}
@@ -200,7 +207,7 @@ def compiled_attention(
     fn = functools.partial(rope_store_attend, heads=heads, kv_heads=kv_heads)
     return compile_both(
         fn,
-        f"rope-store-attend-{_dtypes(dtype, cache_dtype)}",
+        f"rope-store-attend-{dtypes_name(dtype, cache_dtype)}",
         (rope_store_attend, apply_rope),
         {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]},
         lambda gathered: attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 37, gathered),
@@ -220,7 +227,8 @@ def agree_in_both_forms(run: ContextRunners, plain: Callable, inputs: Callable[[
     return True
 
 
-def _dtypes(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+def dtypes_name(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+    """The two dtypes as a library's name holds them: ``bfloat16-float32``."""
     return f"{str(dtype).removeprefix('torch.')}-{str(cache_dtype).removeprefix('torch.')}"
 
 
@@ -259,6 +267,19 @@ class DecodeLayers(CompiledDecode):
         self.attention = attention
         config = model.config
         self.eps, self.shape = config.rms_norm_eps, (1, config.num_heads + 2 * config.num_kv_heads, -1)
+        # per layer, looked up once (a submodule lookup goes through nn.Module.__getattr__): the norms'
+        # weights and the four linears, whose ``forward`` is read at each call (a timer may wrap it)
+        self.parts = [
+            (
+                layer.input_layernorm.weight,
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.post_attention_layernorm.weight,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+            for layer in model.layers
+        ]
 
     def __call__(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object
@@ -270,14 +291,14 @@ class DecodeLayers(CompiledDecode):
             return None
         context_tail = [context.row] if context.rows is None else [context.row, context.rows]
         ops, eps, residual = self.model.ops, self.eps, None
-        for layer, keys, values in zip(self.model.layers, context.keys, context.values, strict=True):
-            attention, mlp = layer.self_attn, layer.mlp
-            normed, residual = ops.add_rms_norm(hidden, residual, layer.input_layernorm.weight, eps)
-            qkv = attention.qkv_proj.forward(normed).view(self.shape)
+        for parts, keys, values in zip(self.parts, context.keys, context.values, strict=True):
+            input_norm, qkv_proj, o_proj, post_norm, gate_up_proj, down_proj = parts
+            normed, residual = ops.add_rms_norm(hidden, residual, input_norm, eps)
+            qkv = qkv_proj.forward(normed).view(self.shape)
             attended = self.attention([qkv, cos, sin, keys, values, *context_tail])[0]
-            hidden = attention.o_proj.forward(attended)
-            normed, residual = ops.add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight, eps)
-            hidden = mlp.down_proj.forward(ops.silu_mul(mlp.gate_up_proj.forward(normed)))
+            hidden = o_proj.forward(attended)
+            normed, residual = ops.add_rms_norm(hidden, residual, post_norm, eps)
+            hidden = down_proj.forward(ops.silu_mul(gate_up_proj.forward(normed)))
         return hidden + residual
 
 
@@ -294,14 +315,9 @@ def measure_attention(
     as the modules run them), in place over ``MEASURE_CONTEXT`` rows; a compiled one that disagrees in
     either form is not timed."""
     plain = functools.partial(rope_store_attend, heads=heads, kv_heads=kv_heads)
-    inputs = functools.partial(
-        attention_inputs, heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_CONTEXT
-    )
-    timed = inputs(False)
-    calls = {"plain": functools.partial(plain, *timed)}
-    if agree_in_both_forms(run, plain, inputs):
-        calls["compiled"] = functools.partial(run, timed)
-    return timed_choice(calls)
+    sizes = (heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_CONTEXT)
+    inputs = functools.partial(attention_inputs, *sizes)
+    return measure_compiled(run, plain, inputs)
 
 
 def decode_layers(model: LlamaModel, cache_dtype: torch.dtype) -> DecodeLayers | None:

@@ -39,13 +39,13 @@ from ..kernels.cpu_linear import machine_key
 from ..model.cpu_decode_layers import (
     CompiledDecode,
     ContextRunners,
-    agree_in_both_forms,
     choose,
     compile_both,
     context_inputs,
+    dtypes_name,
     library_key,
+    measure_compiled,
     rope_store_attend,
-    timed_choice,
 )
 from ..model.layer_ops import fused_ops_enabled
 from ..model.llama import LlamaModel, add_rms_norm, apply_rope, rms_norm, silu_mul
@@ -163,10 +163,9 @@ def compiled_layer(
 ) -> tuple[ContextRunners, Path]:
     """``decode_layer`` compiled at ``shape`` for ``weights``' dtypes and a ``cache_dtype`` cache, both
     context forms (on first use; raises ``CompileFailed`` where it cannot be built)."""
-    dtypes = f"{str(weights[0].dtype).removeprefix('torch.')}-{str(cache_dtype).removeprefix('torch.')}"
     return compile_both(
         functools.partial(decode_layer, shape=shape),
-        f"int4-decode-layer-{dtypes}",
+        f"int4-decode-layer-{dtypes_name(weights[0].dtype, cache_dtype)}",
         SOURCES,
         {"machine": machine_key({}), "shape": asdict(shape)},
         lambda gathered: example_inputs(weights, shape, cache_dtype, 37, gathered),
@@ -182,11 +181,7 @@ def measure_layer(
     favour). A compiled layer that disagrees with the eager one in either form is never timed, nor chosen."""
     plain = functools.partial(decode_layer, shape=shape)
     inputs = functools.partial(example_inputs, weights, shape, cache_dtype, MEASURE_CONTEXT)
-    timed = inputs(False)
-    calls = {"plain": functools.partial(plain, *timed)}
-    if agree_in_both_forms(run, plain, inputs):
-        calls["compiled"] = functools.partial(run, timed)
-    return timed_choice(calls)
+    return measure_compiled(run, plain, inputs)
 
 
 class Int4DecodeLayers(CompiledDecode):
