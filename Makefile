@@ -30,7 +30,7 @@ lab: setup  ## open JupyterLab on the course, labs/ beside the notebooks (prints
 test: setup  ## the whole suite: lint, labs in sync, unit and oracle tests (two workers, one thread each), every notebook
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile -rs
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 check: setup  ## the learner's whole suite: as `make test`, but labs/ may hold your filled-in holes

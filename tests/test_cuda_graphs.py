@@ -95,6 +95,25 @@ def test_preemption_happens_in_the_graph_schedule(tiny_folder):
     assert preempted, "no request was preempted: shrink the cache"
 
 
+def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
+    """What a CUDA engine runs, run here: the Triton paged attention and the fused Triton ops (interpreted),
+    decode graphs replayed (recorded), no CPU-only decode path; through joins, finishes and preemption its
+    tokens equal the plain CPU engine's."""
+    from solutions.model.layer_ops import triton_layer_ops
+
+    budget = dict(kv_cache_memory=18 * BLOCK_BYTES)
+    plain = run_schedule(make_llm(tiny_folder, **budget), arrivals(5))
+    llm = make_llm(tiny_folder, attention_backend="triton", **budget)
+    engine = llm.engine
+    engine.model.use_ops(triton_layer_ops())
+    engine.model.fused_decode = None  # the CPU's layers without module calls: not on a GPU
+    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    replayed, replay = [], engine.runner.graphs.replay
+    engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
+    assert run_schedule(llm, arrivals(5)) == plain
+    assert replayed, "no decode step replayed a graph"
+
+
 def count_host_reads(monkeypatch) -> list[str]:
     """Patch the Tensor methods that turn device values into host values;
     record each call made from engine/."""

@@ -23,6 +23,7 @@ SHAPES = [
     pytest.param((3, 1, 7, 37, 64), id="gqa3-chunk-7-over-37"),
     pytest.param((2, 2, 17, 17, 128), id="mha-d128"),
     pytest.param((3, 3, 1, 21, 32), id="decode-1-over-21"),
+    pytest.param((4, 2, 13, 29, 16), id="gqa2-d16"),
 ]
 DTYPES = [pytest.param(dtype, id=str(dtype).removeprefix("torch.")) for dtype in TOLERANCE]
 
@@ -158,7 +159,7 @@ def test_poisoned_output_is_overwritten(fa, monkeypatch):
     [
         pytest.param((1, 3, 4, 64), (1, 2, 4, 64), None, "multiple", id="heads-not-multiple"),
         pytest.param((1, 3, 4, 64), (1, 1, 4, 32), None, "head dim", id="head-dims-differ"),
-        pytest.param((1, 2, 4, 48), (1, 2, 4, 48), None, "32, 64 or 128", id="head-dim-48"),
+        pytest.param((1, 2, 4, 48), (1, 2, 4, 48), None, "16, 32, 64 or 128", id="head-dim-48"),
         pytest.param(
             (1, 3, 4, 64), (1, 1, 4, 64), (torch.float32, torch.float16), "dtype", id="mixed-dtypes"
         ),

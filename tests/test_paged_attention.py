@@ -130,7 +130,7 @@ def test_decode_matches_reference(pa, dtype, block_size, num_splits):
     check_against_reference(out, batch, dtype)
 
 
-@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 4, 32), (6, 2, 128), (9, 3, 32)])
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 4, 32), (6, 2, 128), (9, 3, 32), (4, 2, 16)])
 def test_decode_head_dims_and_groups(pa, q_heads, kv_heads, head_dim):
     batch = paged_batch([21, 50], [1, 1], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
     out = pa.paged_attention(*batch.args(), **batch.lengths(), num_splits=2)
@@ -262,6 +262,12 @@ def test_prefill_and_mixed_batch_match_reference(pa, dtype, block_size):
         [29, 19, 45, 67, 1], [1, 19, 7, 3, 1], block_size=block_size, q_heads=6, kv_heads=2, dtype=dtype
     )
     check_against_reference(pa.paged_attention(*batch.args(), **batch.lengths()), batch, dtype)
+
+
+def test_prefill_head_dim_16(pa):
+    """The smallest head dim a tensor-core product takes (the engine tests' tiny model has it)."""
+    batch = paged_batch([40, 23], [17, 23], q_heads=4, kv_heads=2, head_dim=16)
+    check_against_reference(pa.paged_attention(*batch.args(), **batch.lengths()), batch, torch.float32)
 
 
 def test_prefill_head_dim_128_and_scale(pa):

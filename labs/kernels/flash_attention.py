@@ -170,8 +170,8 @@ def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _check_head_dim(head_dim: int) -> None:
-    if head_dim not in (32, 64, 128):
-        raise ValueError(f"head dim must be 32, 64 or 128, got {head_dim}")
+    if head_dim not in (16, 32, 64, 128):
+        raise ValueError(f"head dim must be 16, 32, 64 or 128, got {head_dim}")
 
 
 def flash_attention(
