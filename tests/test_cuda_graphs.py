@@ -95,6 +95,7 @@ def test_preemption_happens_in_the_graph_schedule(tiny_folder):
     assert preempted, "no request was preempted: shrink the cache"
 
 
+@pytest.mark.interpreter  # a CPU engine on the Triton kernels
 def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
     """What a CUDA engine runs, run here: the Triton paged attention and the fused Triton ops (interpreted),
     decode graphs replayed (recorded), no CPU-only decode path; through joins, finishes and preemption its

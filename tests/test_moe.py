@@ -455,14 +455,19 @@ def test_mixtral_logits_match_transformers(load, tiny_mixtral):
     loader, llama = load("model.loader"), load("model.llama")
     weights = loader.load_weights(folder, load_tokenizer=False)
     assert (weights.config.num_local_experts, weights.config.num_experts_per_tok) == (4, 2)
-    model = llama.LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
+    # The same weights on the CPU and on the kernel device (a GPU compiles the kernel: CPU tensors would not
+    # reach it).
+    model, on_device = (
+        llama.LlamaModel.from_state_dict(weights.config, weights.state_dict, device, torch.float32)
+        for device in ("cpu", KERNEL_DEVICE)
+    )
     ids = torch.randint(0, 211, (23,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         expected = hf_model(ids[None]).logits[0]
         ours = model.sequence_logits(ids)
-        for mlp in (layer.mlp for layer in model.layers):
+        for mlp in (layer.mlp for layer in on_device.layers):
             mlp.backend = "triton"
-        on_kernel = model.sequence_logits(ids)
+        on_kernel = on_device.sequence_logits(ids.to(KERNEL_DEVICE)).cpu()
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(on_kernel, expected, rtol=1e-4, atol=1e-5)
 
