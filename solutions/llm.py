@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine.engine import Engine
-from .engine.outputs import RequestOutput
+from .engine.outputs import OutputKind, RequestOutput
 from .sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -51,7 +51,7 @@ class LLM:
         ``use_tqdm`` shows a progress bar over finished requests (default: for more than 8 prompts)."""
         final: dict[str, RequestOutput] = {}
         order: list[str] = []
-        stream = self._stream(prompts, sampling_params, order, stream=False)
+        stream = self._stream(prompts, sampling_params, order, "final")
         first = next(stream, None)
         show = len(order) > 8 if use_tqdm is None else use_tqdm
         with tqdm(total=len(order), desc="Processed prompts", unit="req", disable=not show) as progress:
@@ -81,7 +81,7 @@ class LLM:
         return self.generate(prompts, sampling_params)
 
     def _stream(
-        self, prompts, sampling_params, order: list[str], stream: bool = True
+        self, prompts, sampling_params, order: list[str], output_kind: OutputKind = "cumulative"
     ) -> Iterator[RequestOutput]:
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -104,7 +104,7 @@ class LLM:
         if self.engine.has_unfinished_requests():
             raise RuntimeError("the engine is still running an earlier batch (an unfinished stream?)")
         engine = self.engine
-        request_ids = engine.add_requests(prompts, params, stream=stream)
+        request_ids = engine.add_requests(prompts, params, output_kind=output_kind)
         order.extend(request_ids)
         try:
             while engine.has_unfinished_requests():

@@ -18,10 +18,10 @@ def main() -> int:
     engine_class = importlib.import_module(f"{impl}.engine.engine").Engine
     add_request = engine_class.add_request
 
-    def faulty_add_request(self, prompt, params, request_id=None):
+    def faulty_add_request(self, prompt, params, request_id=None, **options):
         if isinstance(prompt, str) and FAULT_MARKER in prompt:
             raise RuntimeError("injected fault: this request's prompt carries the fault marker")
-        return add_request(self, prompt, params, request_id)
+        return add_request(self, prompt, params, request_id, **options)
 
     engine_class.add_request = faulty_add_request
     return importlib.import_module(f"{impl}.__main__").main(["serve", *argv])

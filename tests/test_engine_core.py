@@ -185,6 +185,37 @@ def test_snapshots_do_not_share_mutable_state(llm, sp):
     assert m.queue_time >= 0 and m.ttft > 0 and len(m.itl) == 4 and m.tpot > 0
 
 
+def test_the_three_output_kinds_add_up_to_the_same_completions(llm, sp):
+    """ "cumulative" reports each step whole, "delta" only what each step added (text, token ids, token
+    times), "final" once: for two sampled completions ended by a stop string, all three give the same
+    completions."""
+    engine = llm.engine
+    prompt = "Count: 1, 2, 3,"  # both completions count on to ", 9", the stop string, held back as it grows
+    params = sp(temperature=0.5, seed=5, n=2, max_tokens=30, ignore_eos=True, stop=[", 9"])
+    kinds = ("cumulative", "delta", "final")
+    ids = {engine.add_request(prompt, params, output_kind=kind): kind for kind in kinds}
+    seen: dict[str, list] = {kind: [] for kind in kinds}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            seen[ids[output.request_id]].append(output)
+    (final,) = seen["final"]
+    assert [c.finish_reason for c in final.outputs] == ["stop", "stop"], (
+        "the stop string was meant to end both"
+    )
+    assert final.finished and all(not o.finished for kind in kinds for o in seen[kind][:-1])
+    for index, whole in enumerate(final.outputs):
+        pieces = [c for o in seen["delta"] for c in o.outputs if c.index == index]
+        assert all(c.text == c.delta_text and c.token_ids == c.delta_token_ids for c in pieces), (
+            "a delta output's text and token ids are what its step added"
+        )
+        assert "".join(c.text for c in pieces) == whole.text, f"completion {index}: the deltas' text"
+        assert [t for c in pieces for t in c.token_ids] == whole.token_ids, f"completion {index}: the ids"
+        assert seen["cumulative"][-1].outputs[index].token_ids == whole.token_ids
+    assert [t for o in seen["delta"] for t in o.metrics.token_times] == final.metrics.token_times
+    with pytest.raises(ValueError, match="output_kind must be one of cumulative, delta, final; got 'deltas'"):
+        engine.add_request(prompt, params, output_kind="deltas")
+
+
 @pytest.mark.interpreter  # a CPU engine on the Triton kernels
 def test_triton_backend_gives_the_same_tokens(load, sp, llm):
     """The Lesson 2 kernels (store_kv, the varlen paged prefill, the paged decode; through the interpreter on

@@ -21,7 +21,7 @@ class ScriptedEngine:
         self.step_gate: threading.Semaphore | None = None  # when set, each step waits for a release
         self.hold = False  # True: claims to have no work, so requests are accepted but not stepped
 
-    def add_request(self, prompt, params, request_id):
+    def add_request(self, prompt, params, request_id, output_kind="cumulative"):
         self.threads.add(threading.current_thread().name)
         if not prompt:
             raise ValueError("prompt is empty")
@@ -174,3 +174,19 @@ def test_an_engine_that_fails_to_build_fails_start(load):
     with pytest.raises(RuntimeError, match="no model here"):
         loop.start()
     assert not loop.alive
+
+
+def test_coalescing_delta_outputs_joins_their_text_ids_and_times(load):
+    """A late reader of a "delta" stream gets one output whose text, token ids and token times hold both."""
+    out, coalesce = load("engine.outputs"), load("serve.engine_loop").coalesce
+
+    def delta(text, ids, times, finished=False):
+        completion = out.CompletionOutput(0, text, ids, "length" if finished else None, None, text, ids)
+        metrics = out.RequestMetrics(arrival_time=0.0, token_times=times)
+        return out.RequestOutput("r", None, [0], [completion], finished, metrics)
+
+    both = coalesce(delta("one", [1], [0.1]), delta(" two", [2, 3], [0.2], finished=True), delta_only=True)
+    (completion,) = both.outputs
+    assert (completion.text, completion.token_ids) == ("one two", [1, 2, 3])
+    assert (completion.delta_text, completion.delta_token_ids) == ("one two", [1, 2, 3])
+    assert both.metrics.token_times == [0.1, 0.2] and both.finished

@@ -33,7 +33,7 @@ from ..quant.cpu_int4_layer import int4_decode_layers
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer, NullDetokenizer
-from .outputs import RequestOutput
+from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
 from .scheduler import Scheduler, SchedulerOutput
@@ -186,14 +186,14 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
-        stream: bool = True,
+        output_kind: OutputKind = "cumulative",
     ) -> str:
         """Queue one request; returns its id (``request_id`` if given: it must not be in use).
         ``arrival_time`` (``time.perf_counter()`` seconds, default now) is when the request
-        reached the system, for its metrics.
-        ``stream``: ``step`` reports the request each time it gains tokens
-        (deltas); False: only when finished."""
-        return self.add_requests([prompt], [params], [request_id], arrival_time, stream)[0]
+        reached the system, for its metrics. ``output_kind`` (``outputs.OutputKind``): "cumulative", ``step``
+        reports the request each time it gains tokens, whole; "delta", only what each step added; "final",
+        only once finished."""
+        return self.add_requests([prompt], [params], [request_id], arrival_time, output_kind)[0]
 
     def add_requests(
         self,
@@ -201,14 +201,16 @@ class Engine:
         params: list[SamplingParams],
         request_ids: list[str | None] | None = None,
         arrival_time: float | None = None,
-        stream: bool = True,
+        output_kind: OutputKind = "cumulative",
     ) -> list[str]:
         """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}; got {output_kind!r}")
         ids = request_ids or [None] * len(prompts)
         now = time.perf_counter() if arrival_time is None else arrival_time
         groups = [self._new_group(*args, now) for args in zip(prompts, params, ids, strict=True)]
         for group in groups:
-            group.stream = stream
+            group.output_kind = output_kind
         if len({g.request_id for g in groups}) != len(groups):
             raise ValueError("request ids must be unique")
         for group in groups:
@@ -331,13 +333,18 @@ class Engine:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.token_times.append(now)
-            metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
+            requests = group.requests
+            metrics.num_output_tokens = (
+                len(requests[0].output_token_ids)
+                if len(requests) == 1
+                else sum(len(r.output_token_ids) for r in requests)
+            )
             finished = group.finished
             if finished:
                 metrics.finished_time = now
                 del self.groups[group.request_id]
-            if group.stream or finished:
-                outputs.append(group.output())
+            if finished or group.output_kind != "final":
+                outputs.append(group.output(finished))
         return outputs
 
     def _sample(

@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+OutputKind = Literal["cumulative", "delta", "final"]
+"""What ``Engine.step`` reports of a request (vLLM's ``RequestOutputKind``):
+
+- "cumulative": an output each step that adds tokens, holding everything so far (``text``, ``token_ids``,
+  ``metrics.token_times``) and, in ``delta_text`` / ``delta_token_ids``, what the step added;
+- "delta": an output each such step holding only what it added: ``text``, ``token_ids`` and
+  ``metrics.token_times`` are the new part (equal to the ``delta_*`` fields), so a long stream costs the same
+  each step instead of copying a growing output (what a streaming server wants);
+- "final": one output, when the request finishes, holding everything.
+"""
+OUTPUT_KINDS = ("cumulative", "delta", "final")
 
 
 @dataclass
@@ -61,10 +74,11 @@ class RequestMetrics:
         """tau: tokens per verifying pass (None without speculative decoding)."""
         return self.num_verified_tokens / self.num_verify_passes if self.num_verify_passes else None
 
-    def snapshot(self) -> RequestMetrics:
-        """A copy that later steps do not change."""
-        copy = RequestMetrics(**{k: v for k, v in vars(self).items() if k != "token_times"})
-        copy.token_times = list(self.token_times)
+    def snapshot(self, first_token_time: int = 0) -> RequestMetrics:
+        """A copy that later steps do not change, holding ``token_times[first_token_time:]``."""
+        copy = object.__new__(RequestMetrics)  # a field-by-field copy, without __init__'s checks: it runs
+        copy.__dict__.update(self.__dict__)  # for every streamed request at every step
+        copy.token_times = self.token_times[first_token_time:]
         return copy
 
     def summary(self) -> str:
@@ -79,7 +93,8 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """The generated text so far; ``delta_text`` / ``delta_token_ids`` are what the latest step added."""
+    """The generated text so far (in the "delta" ``OutputKind``: only its new part); ``delta_text`` /
+    ``delta_token_ids`` are what the latest step added."""
 
     index: int
     text: str

@@ -15,7 +15,7 @@ import torch
 
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, OutputKind, RequestMetrics, RequestOutput
 
 
 class Status(enum.Enum):
@@ -85,17 +85,19 @@ class Request:
                 self.status = Status.FINISHED
                 return
 
-    def completion(self) -> CompletionOutput:
-        """Everything generated so far; the deltas cover what is new since the previous call."""
+    def completion(self, delta_only: bool = False) -> CompletionOutput:
+        """Everything generated so far (``delta_only``: only what is new); the deltas cover what is new since
+        the previous call."""
         delta_tokens = self.output_token_ids[self._emitted_tokens :]
         self._emitted_tokens = len(self.output_token_ids)
+        delta_text = self.detokenizer.delta(self.finished)
         return CompletionOutput(
             index=self.index,
-            text=self.detokenizer.text,
-            token_ids=list(self.output_token_ids),
+            text=delta_text if delta_only else self.detokenizer.text,
+            token_ids=delta_tokens if delta_only else list(self.output_token_ids),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
-            delta_text=self.detokenizer.delta(self.finished),
+            delta_text=delta_text,
             delta_token_ids=delta_tokens,
         )
 
@@ -121,19 +123,25 @@ class RequestGroup:
         self.params = params
         self.requests: list[Request] = []
         self.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids))
-        self.stream = True  # report every step that adds tokens; False: only the finished output
+        self.output_kind: OutputKind = "cumulative"  # what ``Engine.step`` reports (outputs.OutputKind)
+        self._emitted_times = 0  # token_times already handed out ("delta" kind)
 
     @property
     def finished(self) -> bool:
         return len(self.requests) == self.params.n and all(r.finished for r in self.requests)
 
-    def output(self) -> RequestOutput:
-        completions = [r.completion() for r in self.requests]
+    def output(self, finished: bool) -> RequestOutput:
+        """The group's output as of now, in its ``output_kind``; ``finished``: ``self.finished``, which the
+        caller has at hand."""
+        delta_only = self.output_kind == "delta"
+        completions = [r.completion(delta_only) for r in self.requests]
+        first_time = self._emitted_times if delta_only else 0
+        self._emitted_times = len(self.metrics.token_times)
         return RequestOutput(
             self.request_id,
             self.prompt,
             self.prompt_token_ids,
             completions,
-            self.finished,
-            self.metrics.snapshot(),
+            finished,
+            self.metrics.snapshot(first_time),
         )

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..engine.engine import Engine
-from ..engine.outputs import CompletionOutput, RequestOutput
+from ..engine.outputs import CompletionOutput, OutputKind, RequestOutput
 from ..sampling_params import SamplingParams
 from .metrics import ServerMetrics
 
@@ -77,6 +77,7 @@ class _Add:
     mailbox: Mailbox
     accepted: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    output_kind: OutputKind
 
 
 @dataclass
@@ -85,7 +86,8 @@ class _Abort:
 
 
 class EngineLoop:
-    """``stream = await loop.submit(prompt, params, request_id)``, then ``async for output in stream``.
+    """``stream = await loop.submit(prompt, params, request_id, output_kind)``, then ``async for output in
+    stream``.
 
     ``start()`` launches the engine thread, which builds the engine with ``make_engine()``, and returns it
     once built; ``stop()`` ends the thread (aborting whatever is in flight).
@@ -119,8 +121,15 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
-    async def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> RequestStream:
-        """Queue one request; returns once the engine has accepted it, with the stream of its outputs.
+    async def submit(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        output_kind: OutputKind = "cumulative",
+    ) -> RequestStream:
+        """Queue one request; returns once the engine has accepted it, with the stream of its outputs (of
+        ``output_kind``: ``outputs.OutputKind``).
 
         Raises what ``Engine.add_request`` raised (ValueError for a bad prompt, so the caller can answer 400
         before any output exists). Cancelled while waiting, it aborts the request.
@@ -128,7 +137,7 @@ class EngineLoop:
         if not self.alive:
             raise RuntimeError("the engine loop is not running")
         loop = asyncio.get_running_loop()
-        command = _Add(request_id, prompt, params, Mailbox(), loop.create_future(), loop)
+        command = _Add(request_id, prompt, params, Mailbox(), loop.create_future(), loop, output_kind)
         self._inbox.put(command)
         try:
             await command.accepted
@@ -185,7 +194,9 @@ class EngineLoop:
             self._record_stats()
             return
         try:
-            self.engine.add_request(command.prompt, command.params, command.request_id)
+            self.engine.add_request(
+                command.prompt, command.params, command.request_id, output_kind=command.output_kind
+            )
         except Exception as error:  # noqa: BLE001 - the error belongs to this request alone
             command.loop.call_soon_threadsafe(_settle, command.accepted, error)
             return
@@ -253,6 +264,7 @@ class RequestStream:
         self.request_id = command.request_id
         self._engine_loop = engine_loop
         self._mailbox = command.mailbox
+        self._delta_only = command.output_kind == "delta"
         self._pending: collections.deque = collections.deque()
         self.finished = False
 
@@ -271,7 +283,7 @@ class RequestStream:
             self.finished = True
             raise item
         while self._pending and isinstance(self._pending[0], RequestOutput):
-            item = coalesce(item, self._pending.popleft())
+            item = coalesce(item, self._pending.popleft(), self._delta_only)
         self.finished = item.finished
         return item
 
@@ -282,21 +294,32 @@ class RequestStream:
             self._mailbox.put(None)  # wakes a reader still waiting
 
 
-def coalesce(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+def coalesce(older: RequestOutput, newer: RequestOutput, delta_only: bool = False) -> RequestOutput:
     """Two consecutive snapshots of one request as one: ``newer``, with each completion's deltas grown to
-    hold everything added since ``older``'s predecessor (a completion new in ``newer`` keeps its own)."""
+    hold everything added since ``older``'s predecessor (a completion new in ``newer`` keeps its own). In the
+    "delta" output kind (``delta_only``), whose text, token ids and token times are deltas too, so are
+    they."""
     before = {c.index: c for c in older.outputs}
     completions = []
     for completion in newer.outputs:
         earlier: CompletionOutput | None = before.get(completion.index)
         if earlier is not None:
+            grown = {}
+            if delta_only:
+                grown = dict(
+                    text=earlier.text + completion.text, token_ids=earlier.token_ids + completion.token_ids
+                )
             completion = replace(
                 completion,
                 delta_text=earlier.delta_text + completion.delta_text,
                 delta_token_ids=earlier.delta_token_ids + completion.delta_token_ids,
+                **grown,
             )
         completions.append(completion)
-    return replace(newer, outputs=completions)
+    metrics = newer.metrics
+    if delta_only:
+        metrics = replace(metrics, token_times=older.metrics.token_times + metrics.token_times)
+    return replace(newer, outputs=completions, metrics=metrics)
 
 
 def _file(items: list[tuple[Mailbox, RequestOutput | BaseException]]) -> None:

@@ -146,7 +146,9 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
     try:
         # One engine request per prompt; it samples the prompt's n choices (choice j seeded seed + j).
         for i, prompt in enumerate(prompts):
-            stream = await _bad_input_async(state.loop.submit(prompt, params, f"{call_id}-{i}"))
+            # A streamed answer reads only what each step added; a whole answer, only the finished output.
+            kind = "delta" if body.stream else "final"
+            stream = await _bad_input_async(state.loop.submit(prompt, params, f"{call_id}-{i}", kind))
             streams.append((i * n, stream))
     except BaseException:
         close_all()
