@@ -34,6 +34,7 @@ BENCHES = {
         "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix"
     ),
     "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
+    "host": "the engine's own work per decode step, the model taken out: us per step and per request",
     "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
     "tp": (
         "tensor parallelism: tokens/s at N ranks, "
