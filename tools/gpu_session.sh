@@ -74,6 +74,7 @@ for part in "${parts[@]}"; do
             timeout 45 python3 -m solutions bench moe --gpu-only
             timeout 50 python3 -m solutions bench attention
             timeout 40 python3 -m solutions bench kernels
+            timeout 40 python3 -m solutions bench host  # this machine's CPU: the host part of a step
         } >"$OUT/kernels2.txt" 2>&1
         say "kernel benches, second part done"
         ;;
