@@ -44,11 +44,13 @@ for part in "${parts[@]}"; do
         ;;
     tests)
         # Everything else: kernel tests compiled on the GPU, one variant per launch (no autotuning, to spare
-        # compile time); CPU engines with PLAIN_OPS (their fused chains would first compile for minutes, see
-        # model/cpu_layer_ops.py, and are tested on CPUs by CI). Interpreter-only and slow tests skip.
+        # compile time); CPU engines with PLAIN_OPS (their fused chains and compiled decode layers would first
+        # compile for minutes, see model/cpu_layer_ops.py, and are tested on CPUs by CI). Interpreter-only and
+        # slow tests skip.
         say "tests"
         FASTMODE_AUTOTUNE=0 FASTMODE_FUSED=0 timeout 130 python3 -m pytest tests/ -q -n 16 -p no:cacheprovider \
-            -m "not slow and not requires_cuda" --ignore tests/test_cpu_fused.py --timeout 100 -rfE --tb=short \
+            -m "not slow and not requires_cuda" --ignore tests/test_cpu_fused.py \
+            --ignore tests/test_cpu_decode_layers.py --timeout 100 -rfE --tb=short \
             >"$OUT/tests.txt" 2>&1
         say "tests exit $?"
         ;;
