@@ -322,3 +322,15 @@ def test_bench_kernels_smoke(capsys):
     assert kernels.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "rope_store_kv" in out and "layer us" in out, "the op table and the layer table must both print"
+
+
+def test_dispatched_ops_lists_what_computes_and_leaves_out_views():
+    """Notebook 00 counts the plain chains' operators with it: a view (the split of SiLU-mul's input) is not
+    a kernel; a Triton kernel is not an aten operator."""
+    from solutions.bench.kernels import dispatched_ops
+
+    gate_up = torch.randn(1, 8)
+    assert dispatched_ops(lambda: PLAIN_OPS.silu_mul(gate_up)) == ["silu", "mul"]
+    x, residual, weight = torch.randn(3, 1, 8, dtype=torch.bfloat16)
+    norm = dispatched_ops(lambda: PLAIN_OPS.add_rms_norm(x, residual, weight[0], 1e-5))
+    assert norm[0] == "add" and "rsqrt" in norm and norm.count("_to_copy") == 2, norm

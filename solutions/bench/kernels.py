@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..kernels import fused_ops
@@ -126,6 +127,25 @@ def decode_layer(
         return layer(hidden_in, residual, cos, sin, attend)[0]
 
     return layer, run
+
+
+class _OperatorLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:  # a view computes nothing: it reinterprets its input's memory
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(fn: Callable[[], object]) -> list[str]:
+    """The aten operators one call of ``fn`` runs, in order, views left out: in eager torch on a GPU each is
+    one kernel launch and one pass over its tensors (any device; a Triton kernel is not an aten operator)."""
+    with _OperatorLog() as log:
+        fn()
+    return log.names
 
 
 def count_kernels(run: Callable[[], torch.Tensor]) -> int:
