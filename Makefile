@@ -9,6 +9,10 @@ LAB ?= 0
 TIER ?= 1
 # JupyterLab refuses to start as root unless told; containers and cloud machines often run as root.
 JUPYTER_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+# On a machine with a GPU the suite compiles the kernels and skips the tests that only the Triton interpreter
+# can run; those then run in a CPU process of their own (no GPU visible, the interpreter on).
+INTERPRETER_TESTS := if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile -m interpreter; fi
 
 .PHONY: setup lab test check grade hint labs demo bench lint
 
@@ -31,12 +35,14 @@ test: setup  ## the whole suite: lint, labs in sync, unit and oracle tests (two 
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile -rs
+	$(INTERPRETER_TESTS)
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 check: setup  ## the learner's whole suite: as `make test`, but labs/ may hold your filled-in holes
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check --allow-filled
 	FASTMODE_ALLOW_FILLED_LABS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile
+	export FASTMODE_ALLOW_FILLED_LABS=1; $(INTERPRETER_TESTS)
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 grade: setup  ## grade one lab alone (the other labs' code from solutions/): make grade LAB=2 [VERBOSE=1]

@@ -4,6 +4,7 @@
 # on the GPU, then the kernels' own benchmarks. Every part has its own time limit and writes under $OUT as it goes.
 #
 #   OUT=/some/folder COMMIT=<sha> tools/gpu_session.sh [cuda-tests] [engine] [tests] [kernels] [kernels2]
+#       [interpreter-tests]
 #   (default: cuda-tests engine tests kernels)
 #
 # The machine needs torch, triton and transformers; the project's other requirements that it lacks can travel as
@@ -53,6 +54,13 @@ for part in "${parts[@]}"; do
             --ignore tests/test_cpu_decode_layers.py --timeout 100 -rfE --tb=short \
             >"$OUT/tests.txt" 2>&1
         say "tests exit $?"
+        ;;
+    interpreter-tests)
+        # What make test adds on a GPU machine: the interpreter-only tests, in a CPU process of their own.
+        say "interpreter tests"
+        TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= timeout 120 python3 -m pytest tests/ -q -n 8 -p no:cacheprovider \
+            -m interpreter --timeout 110 -rfE --tb=short >"$OUT/tests_interpreter.txt" 2>&1
+        say "interpreter tests exit $?"
         ;;
     engine)
         say "bench gpu 1.7B shape"
