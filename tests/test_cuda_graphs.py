@@ -115,6 +115,33 @@ def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
     assert replayed, "no decode step replayed a graph"
 
 
+@pytest.mark.interpreter  # a CPU engine on the Triton kernels
+def test_the_gpu_speculative_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
+    """n-gram drafts verified as a CUDA engine verifies them (the Triton prefill kernel over each request's
+    drafts, the fused ops), steps without drafts replayed from recorded decode graphs: the plain engine's
+    tokens."""
+    from solutions.model.layer_ops import triton_layer_ops
+
+    g = torch.Generator().manual_seed(0)
+    phrase = torch.randint(0, 101, (6,), generator=g).tolist()
+    prompts = [phrase * 4, phrase[:3] * 5, torch.randint(0, 101, (9,), generator=g).tolist()]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in make_llm(tiny_folder).generate(prompts, params)]
+    llm = make_llm(tiny_folder, attention_backend="triton", speculative="ngram", num_speculative_tokens=3)
+    engine = llm.engine
+    engine.model.use_ops(triton_layer_ops())
+    engine.model.fused_decode = None
+    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    replayed, replay = [], engine.runner.graphs.replay
+    engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert max(o.metrics.mean_acceptance_length for o in outs) > 1, (
+        "no draft was accepted: the test proves less"
+    )
+    assert replayed, "no step without drafts replayed a graph: the test proves less"
+
+
 def count_host_reads(monkeypatch) -> list[str]:
     """Patch the Tensor methods that turn device values into host values;
     record each call made from engine/."""
