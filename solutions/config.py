@@ -26,7 +26,9 @@ class EngineConfig:
     1 GiB; on CUDA ``gpu_memory_utilization`` of the memory left after the weights), with automatic prefix
     caching unless ``enable_prefix_caching`` is False.
     ``attention_backend`` "auto" picks the attention implementation at each call (``$FASTMODE_ATTENTION``,
-    else Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``).
+    else Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``); the engine turns it into
+    "torch" on CUDA for a model whose head dim the Triton kernels do not tile. CUDA graphs (decode steps)
+    need the Triton backend.
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
     ``group_size`` input channels (Lesson 6);
     AWQ reads scales cached by ``python -m solutions calibrate-awq``.

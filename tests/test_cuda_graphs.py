@@ -229,6 +229,18 @@ def test_cuda_graphs_equal_eager_through_preemption_and_abort(tiny_folder):
 
 
 @requires_cuda
+def test_torch_attention_on_cuda_decodes_eagerly_and_equals_triton(tiny_folder):
+    """The torch attention path reads each step's lengths on the host, so it gets no decode graphs (capturing
+    it would fail); its greedy tokens equal the graphed Triton engine's."""
+    torch_llm = make_llm(tiny_folder, "cuda", attention_backend="torch")
+    assert torch_llm.engine.runner.graphs is None
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [[3, 4, 5], [6, 7, 8, 9]]
+    ours = [o.outputs[0].token_ids for o in torch_llm.generate(prompts, params)]
+    assert ours == [o.outputs[0].token_ids for o in make_llm(tiny_folder, "cuda").generate(prompts, params)]
+
+
+@requires_cuda
 def test_steady_state_decode_does_not_sync_the_device_on_cuda(tiny_folder):
     """Under torch's sync debug mode any synchronising call raises; the step's one read waits on an event."""
     for enforce_eager in (True, False):

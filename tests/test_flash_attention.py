@@ -159,7 +159,7 @@ def test_poisoned_output_is_overwritten(fa, monkeypatch):
     [
         pytest.param((1, 3, 4, 64), (1, 2, 4, 64), None, "multiple", id="heads-not-multiple"),
         pytest.param((1, 3, 4, 64), (1, 1, 4, 32), None, "head dim", id="head-dims-differ"),
-        pytest.param((1, 2, 4, 48), (1, 2, 4, 48), None, "16, 32, 64 or 128", id="head-dim-48"),
+        pytest.param((1, 2, 4, 48), (1, 2, 4, 48), None, "one of 16, 32, 64, 128; got 48", id="head-dim-48"),
         pytest.param(
             (1, 3, 4, 64), (1, 1, 4, 64), (torch.float32, torch.float16), "dtype", id="mixed-dtypes"
         ),
@@ -238,3 +238,19 @@ def test_bench_attention_smoke(load, capsys):
     """``bench attention --smoke`` runs the GPU table's code on tiny shapes (interpreter on a CPU)."""
     assert load("cli.bench.attention").main(["--smoke"]) == 0
     assert "ours/sdpa" in capsys.readouterr().out
+
+
+def test_an_engine_on_cuda_takes_torch_attention_for_a_head_dim_the_kernels_do_not_tile(load, monkeypatch):
+    """ "auto" keeps the Triton kernels for the head dims they tile; for another (96, say) a CUDA engine runs
+    torch's attention (and so no decode graphs) instead of failing; a backend named outright stays."""
+    backend_for_model = load("kernels.attention_backend").backend_for_model
+    monkeypatch.delenv("FASTMODE_ATTENTION", raising=False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # a device object needs no GPU
+    assert backend_for_model("auto", cuda, 64) == "auto"
+    assert backend_for_model("auto", cuda, 96) == "torch"
+    assert backend_for_model("triton", cuda, 96) == "triton"
+    assert backend_for_model("auto", cpu, 96) == "auto"
+    monkeypatch.setenv("FASTMODE_ATTENTION", "triton")
+    assert backend_for_model("auto", cuda, 96) == "auto", (
+        "an explicit $FASTMODE_ATTENTION is the user's choice"
+    )

@@ -169,9 +169,12 @@ def _interpretable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
 
 
+HEAD_DIMS = (16, 32, 64, 128)  # a head is one tile wide: a power of two, and 16 at least (a tl.dot's K)
+
+
 def _check_head_dim(head_dim: int) -> None:
-    if head_dim not in (16, 32, 64, 128):
-        raise ValueError(f"head dim must be 16, 32, 64 or 128, got {head_dim}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {', '.join(map(str, HEAD_DIMS))}; got {head_dim}")
 
 
 def flash_attention(

@@ -22,6 +22,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
+from ..kernels.attention_backend import backend_for_model, resolve_backend
 from ..kernels.blocks import cdiv
 from ..kernels.cpu_linear import decisions_line, use_fastest_linears
 from ..kernels.sampling import host_tensor, row_uniforms, sample, sampling_probs
@@ -59,6 +60,9 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         weights = load_weights(config.model, load_tokenizer=not config.skip_tokenizer_init)
         self.model_config = weights.config
+        config.attention_backend = backend_for_model(
+            config.attention_backend, torch.device(config.device), weights.config.head_dim
+        )
         self.tokenizer = None if config.skip_tokenizer_init else weights.tokenizer
         # Lesson 9: with tensor_parallel_size > 1, the other ranks' processes; rank 0's shard is this model.
         self.workers = TensorParallelExecutor(config, weights) if config.tensor_parallel_size > 1 else None
@@ -97,7 +101,10 @@ class Engine:
         if self.workers is not None:
             self.workers.start(cache, self.runner)
         if self.device.type == "cuda" and not config.enforce_eager:
-            self.runner.capture_decode_graphs(config.max_num_seqs)
+            if resolve_backend(config.attention_backend, self.device) == "triton":
+                self.runner.capture_decode_graphs(config.max_num_seqs)
+            else:  # the torch path reads each step's lengths on the host: a graph cannot hold that
+                log.info("decode steps run eagerly: CUDA graphs need the Triton attention backend")
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )

@@ -7,12 +7,15 @@ CPU; "triton" on CPU runs the very same kernel through the interpreter (``TRITON
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from .attention import gqa_attention
-from .flash_attention import flash_attention
+from .flash_attention import HEAD_DIMS, flash_attention
+
+log = logging.getLogger("fastmode")
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -23,6 +26,22 @@ def resolve_backend(name: str, device: torch.device) -> str:
         return "triton" if device.type == "cuda" else "torch"
     if name not in ("torch", "triton"):
         raise ValueError(f"attention backend must be 'auto', 'torch' or 'triton', got {name!r}")
+    return name
+
+
+def backend_for_model(name: str, device: torch.device, head_dim: int) -> str:
+    """The backend an engine asks for: ``name``, except that "auto" (with ``$FASTMODE_ATTENTION`` unset) on
+    CUDA becomes "torch", with a warning, for a head dim the Triton kernels do not tile (``HEAD_DIMS``). A
+    backend named outright is kept: the kernels then refuse the head dim, saying so."""
+    unset = name == "auto" and os.environ.get("FASTMODE_ATTENTION", "auto") == "auto"
+    if unset and device.type == "cuda" and head_dim not in HEAD_DIMS:
+        log.warning(
+            "the Triton attention kernels take head dims %s; this model's is %d: attention runs on torch's "
+            "path, and decode steps without CUDA graphs",
+            ", ".join(map(str, HEAD_DIMS)),
+            head_dim,
+        )
+        return "torch"
     return name
 
 
