@@ -95,22 +95,30 @@ def test_preemption_happens_in_the_graph_schedule(tiny_folder):
     assert preempted, "no request was preempted: shrink the cache"
 
 
-@pytest.mark.interpreter  # a CPU engine on the Triton kernels
-def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
-    """What a CUDA engine runs, run here: the Triton paged attention and the fused Triton ops (interpreted),
-    decode graphs replayed (recorded), no CPU-only decode path; through joins, finishes and preemption its
-    tokens equal the plain CPU engine's."""
+def as_on_a_gpu(llm) -> list[int]:
+    """Set a CPU engine (``attention_backend="triton"``) up as a CUDA engine runs: the fused Triton ops, no
+    CPU-only decode path, decode graphs captured (recorded). Returns the list each replay adds its bucket
+    to."""
     from solutions.model.layer_ops import triton_layer_ops
 
-    budget = dict(kv_cache_memory=18 * BLOCK_BYTES)
-    plain = run_schedule(make_llm(tiny_folder, **budget), arrivals(5))
-    llm = make_llm(tiny_folder, attention_backend="triton", **budget)
     engine = llm.engine
     engine.model.use_ops(triton_layer_ops())
     engine.model.fused_decode = None  # the CPU's layers without module calls: not on a GPU
     engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
     replayed, replay = [], engine.runner.graphs.replay
     engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
+    return replayed
+
+
+@pytest.mark.interpreter  # a CPU engine on the Triton kernels
+def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
+    """What a CUDA engine runs, run here: the Triton paged attention and the fused Triton ops (interpreted),
+    decode graphs replayed (recorded), no CPU-only decode path; through joins, finishes and preemption its
+    tokens equal the plain CPU engine's."""
+    budget = dict(kv_cache_memory=18 * BLOCK_BYTES)
+    plain = run_schedule(make_llm(tiny_folder, **budget), arrivals(5))
+    llm = make_llm(tiny_folder, attention_backend="triton", **budget)
+    replayed = as_on_a_gpu(llm)
     assert run_schedule(llm, arrivals(5)) == plain
     assert replayed, "no decode step replayed a graph"
 
@@ -120,20 +128,13 @@ def test_the_gpu_speculative_step_run_on_a_cpu_equals_the_plain_engine(tiny_fold
     """n-gram drafts verified as a CUDA engine verifies them (the Triton prefill kernel over each request's
     drafts, the fused ops), steps without drafts replayed from recorded decode graphs: the plain engine's
     tokens."""
-    from solutions.model.layer_ops import triton_layer_ops
-
     g = torch.Generator().manual_seed(0)
     phrase = torch.randint(0, 101, (6,), generator=g).tolist()
     prompts = [phrase * 4, phrase[:3] * 5, torch.randint(0, 101, (9,), generator=g).tolist()]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in make_llm(tiny_folder).generate(prompts, params)]
     llm = make_llm(tiny_folder, attention_backend="triton", speculative="ngram", num_speculative_tokens=3)
-    engine = llm.engine
-    engine.model.use_ops(triton_layer_ops())
-    engine.model.fused_decode = None
-    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
-    replayed, replay = [], engine.runner.graphs.replay
-    engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
+    replayed = as_on_a_gpu(llm)
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == plain
     assert max(o.metrics.mean_acceptance_length for o in outs) > 1, (
