@@ -11,7 +11,6 @@ the sampler's argmax, device work on a GPU, out of the figures).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,25 +31,12 @@ class StoredLogits(RecordedCall):
         return self.output
 
 
-@dataclass
-class HostStep:
-    """Host microseconds per decode step of ``batch`` requests, ``tokens_out`` tokens into their outputs."""
-
-    batch: int
-    output_kind: OutputKind
-    tokens_out: int
-    us_per_step: float
-
-    @property
-    def us_per_request(self) -> float:
-        return self.us_per_step / self.batch
-
-
 def measure_host_steps(
     folder: Path, shape: ModelShape, batch: int, output_kind: OutputKind, marks: list[int], steps: int
-) -> list[HostStep]:
+) -> list[float]:
     """``batch`` greedy requests of the model in ``folder`` (of ``shape``) decoding from a ``StoredLogits``
-    graph; at each of ``marks`` (tokens out, ascending) the mean host time of the next ``steps`` steps."""
+    graph; at each of ``marks`` (tokens out, ascending) the mean host time of the next ``steps`` steps, in
+    microseconds."""
     longest = marks[-1] + steps + 1
     max_model_len = PROMPT_TOKENS + longest + 1
     token_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4  # K and V, float32
@@ -73,7 +59,7 @@ def measure_host_steps(
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        results.append(HostStep(batch, output_kind, mark, 1e6 * (time.perf_counter() - start) / steps))
+        results.append(1e6 * (time.perf_counter() - start) / steps)
         done += steps
     engine.abort(ids)
     return results

@@ -340,12 +340,7 @@ class Engine:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.token_times.append(now)
-            requests = group.requests
-            metrics.num_output_tokens = (
-                len(requests[0].output_token_ids)
-                if len(requests) == 1
-                else sum(len(r.output_token_ids) for r in requests)
-            )
+            metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
             finished = group.finished
             if finished:
                 metrics.finished_time = now

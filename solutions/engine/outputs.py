@@ -76,7 +76,7 @@ class RequestMetrics:
 
     def snapshot(self, first_token_time: int = 0) -> RequestMetrics:
         """A copy that later steps do not change, holding ``token_times[first_token_time:]``."""
-        copy = object.__new__(RequestMetrics)  # a field-by-field copy, without __init__'s checks: it runs
+        copy = object.__new__(RequestMetrics)  # a shallow copy of the fields, not through __init__: it runs
         copy.__dict__.update(self.__dict__)  # for every streamed request at every step
         copy.token_times = self.token_times[first_token_time:]
         return copy

@@ -94,7 +94,7 @@ class Request:
         return CompletionOutput(
             index=self.index,
             text=delta_text if delta_only else self.detokenizer.text,
-            token_ids=delta_tokens if delta_only else list(self.output_token_ids),
+            token_ids=list(delta_tokens) if delta_only else list(self.output_token_ids),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             delta_text=delta_text,
