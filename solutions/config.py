@@ -27,8 +27,8 @@ class EngineConfig:
     caching unless ``enable_prefix_caching`` is False.
     ``attention_backend`` "auto" picks the attention implementation at each call (``$FASTMODE_ATTENTION``,
     else Triton on CUDA and torch on a CPU: ``kernels/attention_backend.py``); the engine turns it into
-    "torch" on CUDA for a model whose head dim the Triton kernels do not tile. CUDA graphs (decode steps)
-    need the Triton backend.
+    "torch" on CUDA for a model whose head dim the Triton kernels do not tile. CUDA graphs (decode steps, and
+    steps verifying draft chains) need the Triton backend.
     ``quantization`` "rtn" or "awq" packs every linear and the LM head to ``w_bit``-bit codes in groups of
     ``group_size`` input channels (Lesson 6);
     AWQ reads scales cached by ``python -m solutions calibrate-awq``.
@@ -177,6 +177,19 @@ class EngineConfig:
         """Quantized on a CPU that computes bfloat16 natively: torch's int4 kernel takes bfloat16 activations
         only (float32 ones fall to a path ~30x slower), so bfloat16 activations spare two casts per linear."""
         return self.quantization is not None and self.device == "cpu" and native_bf16()
+
+    @property
+    def max_logits_rows(self) -> int:
+        """The most logits rows a step wants: per sequence its newest token's, and one per draft it
+        verifies (a chain's tokens or a tree's nodes); at most a step's tokens."""
+        drafts = 0 if self.speculative is None else self.speculative_tree_nodes or self.num_speculative_tokens
+        return min(self.max_num_seqs * (1 + drafts), self.max_num_batched_tokens)
+
+    @property
+    def max_graph_rows(self) -> int:
+        """The most rows a step replayed from a decode graph holds, each a token that wants its logits: a
+        decode per sequence, or with draft chains the newest token and its chain (trees verify eagerly)."""
+        return self.max_num_seqs if self.speculative_tree_nodes else self.max_logits_rows
 
     @property
     def torch_dtype(self) -> torch.dtype:

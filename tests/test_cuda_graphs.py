@@ -82,6 +82,36 @@ def test_recorded_graphs_replay_what_eager_steps_compute(tiny_folder, batch):
     assert all(float(t.abs().max()) == 0 for t in null_block), "padding rows wrote into the null block"
 
 
+def test_recorded_graphs_replay_draft_verification(tiny_folder):
+    """Steps verifying n-gram draft chains replay the decode graphs too, each token a row of its own that
+    attends up to its position: with requests joining, finishing and preempted, the tokens equal the plain
+    engine's, and steps holding drafts (more rows than requests) were replayed."""
+    g = torch.Generator().manual_seed(1)
+    phrase = torch.randint(0, 101, (5,), generator=g).tolist()
+    schedule = [
+        (2 * i, phrase * (2 + i) + [i], SamplingParams(temperature=0, max_tokens=10 + 7 * i, ignore_eos=True))
+        for i in range(4)
+    ]
+    budget = dict(kv_cache_memory=18 * BLOCK_BYTES, max_num_seqs=4)
+    plain = run_schedule(make_llm(tiny_folder, **budget), schedule)
+    llm = make_llm(tiny_folder, speculative="ngram", num_speculative_tokens=3, **budget)
+    engine, steps = llm.engine, []
+    assert engine.config.max_graph_rows == 16
+    engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
+    execute, replay = engine.runner.execute, engine.runner.graphs.replay
+
+    def count(plan, **kwargs):
+        steps.append([len(plan.scheduled), sum(plan.num_scheduled_tokens.values())])
+        return execute(plan, **kwargs)
+
+    engine.runner.execute = count
+    engine.runner.graphs.replay = lambda bucket: steps[-1].append(bucket) or replay(bucket)
+    assert run_schedule(llm, schedule) == plain
+    verified = [(requests, tokens) for requests, tokens, *bucket in steps if bucket and tokens > requests]
+    assert verified, "no step verifying drafts replayed a graph"
+    assert engine.speculator.mean_acceptance_length > 1, "no draft was accepted: the test proves less"
+
+
 def test_preemption_happens_in_the_graph_schedule(tiny_folder):
     """The cache above holds 17 usable blocks: the 5-request schedule must preempt,
     or the test proves less."""
@@ -104,7 +134,7 @@ def as_on_a_gpu(llm) -> list[int]:
     engine = llm.engine
     engine.model.use_ops(triton_layer_ops())
     engine.model.fused_decode = None  # the CPU's layers without module calls: not on a GPU
-    engine.runner.capture_decode_graphs(engine.config.max_num_seqs, RecordedCall)
+    engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
     replayed, replay = [], engine.runner.graphs.replay
     engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
     return replayed
@@ -125,9 +155,9 @@ def test_the_gpu_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
 
 @pytest.mark.interpreter  # a CPU engine on the Triton kernels
 def test_the_gpu_speculative_step_run_on_a_cpu_equals_the_plain_engine(tiny_folder):
-    """n-gram drafts verified as a CUDA engine verifies them (the Triton prefill kernel over each request's
-    drafts, the fused ops), steps without drafts replayed from recorded decode graphs: the plain engine's
-    tokens."""
+    """n-gram drafts verified as a CUDA engine verifies them (each chain's tokens rows of the recorded decode
+    graphs, through the Triton paged decode kernel and the fused ops; steps with a prefill chunk eagerly,
+    through the Triton prefill kernel): the plain engine's tokens."""
     g = torch.Generator().manual_seed(0)
     phrase = torch.randint(0, 101, (6,), generator=g).tolist()
     prompts = [phrase * 4, phrase[:3] * 5, torch.randint(0, 101, (9,), generator=g).tolist()]
@@ -140,7 +170,8 @@ def test_the_gpu_speculative_step_run_on_a_cpu_equals_the_plain_engine(tiny_fold
     assert max(o.metrics.mean_acceptance_length for o in outs) > 1, (
         "no draft was accepted: the test proves less"
     )
-    assert replayed, "no step without drafts replayed a graph: the test proves less"
+    # Three requests fill more than 4 rows only with drafts.
+    assert max(replayed) >= 8, "no step verifying drafts replayed a graph: the test proves less"
 
 
 def count_host_reads(monkeypatch) -> list[str]:

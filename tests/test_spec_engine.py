@@ -24,7 +24,11 @@ METHODS = {
     "ngram": dict(speculative="ngram", num_speculative_tokens=3),
     "eagle-chain": dict(speculative="eagle", num_speculative_tokens=4),
     "eagle-tree": dict(speculative="eagle", num_speculative_tokens=4, speculative_tree_nodes=10),
+    "eagle-chain-graphs": dict(speculative="eagle", num_speculative_tokens=4),
 }
+# Methods run as on a GPU: decode graphs captured (recorded: ``RecordedCall``), so decode steps and the
+# steps verifying chains replay them, and the drafter reads the target's features from the graph's output.
+GRAPHED = {"eagle-chain-graphs"}
 ENGINE = dict(device="cpu", dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_memory=48 << 20)
 
 
@@ -42,7 +46,13 @@ def plain_outputs(load, chats):
 
 @pytest.fixture(scope="module", params=list(METHODS))
 def spec_llm(request, load):
-    return request.param, load("llm").LLM(**ENGINE, **METHODS[request.param])
+    llm = load("llm").LLM(**ENGINE, **METHODS[request.param])
+    if request.param in GRAPHED:
+        runner, recorded = llm.engine.runner, load("engine.cuda_graphs").RecordedCall
+        runner.capture_decode_graphs(llm.engine.config.max_graph_rows, recorded)
+        replay, llm.replayed = runner.graphs.replay, []
+        runner.graphs.replay = lambda bucket: llm.replayed.append(bucket) or replay(bucket)
+    return request.param, llm
 
 
 def test_greedy_speculative_equals_plain_greedy(load, spec_llm, chats, plain_outputs):
@@ -50,6 +60,8 @@ def test_greedy_speculative_equals_plain_greedy(load, spec_llm, chats, plain_out
     params = load("sampling_params").SamplingParams(temperature=0, max_tokens=40)
     batched = llm.generate(chats, params)
     assert [o.outputs[0].token_ids for o in batched] == plain_outputs, f"{method}, batched"
+    if method in GRAPHED:  # 4 requests, each verifying up to 4 drafts: buckets above 4 held drafts
+        assert max(llm.replayed) > len(chats), f"{method}: no step verifying drafts replayed a graph"
     for chat, want in zip(chats[:2], plain_outputs[:2]):
         assert llm.generate(chat, params)[0].outputs[0].token_ids == want, f"{method}, alone"
     taus = [o.metrics.mean_acceptance_length for o in batched]

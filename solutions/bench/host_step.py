@@ -27,8 +27,8 @@ PROMPT_TOKENS = 3
 class StoredLogits(RecordedCall):
     """A decode "graph" whose replay returns the logits its capture computed: a step without the model."""
 
-    def replay(self) -> torch.Tensor:
-        return self.output
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        return self.outputs
 
 
 def measure_host_steps(

@@ -2,11 +2,15 @@
 
 A decode step launches hundreds of small kernels; launched one by one from Python, the GPU waits for the host
 between them. A CUDA graph records the launches of one forward pass once and replays them with one call. Its
-inputs and outputs are fixed addresses, so each graph serves one batch size: graphs are captured at
-start-up for a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to ``max_num_seqs``),
-largest first into one shared memory pool, and a step of ``n`` decodes replays the smallest
+inputs and outputs are fixed addresses, so each graph serves one number of rows: graphs are captured at
+start-up for a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to the most rows a
+step may replay), largest first into one shared memory pool, and a step of ``n`` rows replays the smallest
 bucket ``>= n`` with ``bucket - n`` padding rows (which write no cache slot and read only the null
-block; their logits are dropped).
+block; their outputs are dropped).
+
+A row is one query token that wants its logits: a decode, or one token of a draft chain being verified (a
+request verifying ``k`` drafts fills ``1 + k`` rows, each attending to the context up to its own position,
+which is causal attention over the chain). So speculative steps that verify chains replay the same graphs.
 
 The capture and replay logic does not depend on CUDA: ``RecordedCall`` stands in for ``torch.cuda.CUDAGraph``
 on a CPU (capture records the function over the static buffers, replay calls it again), so tests check that
@@ -24,63 +28,68 @@ import torch
 log = logging.getLogger("fastmode")
 
 
-def batch_buckets(max_num_seqs: int) -> list[int]:
-    """The batch sizes that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ...,
-    ending at ``max_num_seqs``."""
-    buckets = [b for b in (1, 2, 4) if b < max_num_seqs]
+def batch_buckets(max_rows: int) -> list[int]:
+    """The row counts that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ..., ending at ``max_rows``."""
+    buckets = [b for b in (1, 2, 4) if b < max_rows]
     size = 8
-    while size < max_num_seqs:
+    while size < max_rows:
         buckets.append(size)
         size += 8 if size < 64 else 16
-    return [*buckets, max_num_seqs]
+    return [*buckets, max_rows]
+
+
+Outputs = tuple[torch.Tensor, ...]
 
 
 class CudaGraph:
     """A captured forward pass on CUDA: ``capture(fn)`` records ``fn``'s launches into ``pool``, ``replay()``
-    relaunches them and returns the same output tensor, now holding the new result."""
+    relaunches them and returns the same output tensors, now holding the new results."""
 
     def __init__(self, pool):
         self.pool = pool
         self.graph = torch.cuda.CUDAGraph()
-        self.output: torch.Tensor | None = None
+        self.outputs: Outputs = ()
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def capture(self, fn: Callable[[], Outputs]) -> Outputs:
         with torch.cuda.graph(self.graph, pool=self.pool):
-            self.output = fn()
-        return self.output
+            self.outputs = fn()
+        return self.outputs
 
-    def replay(self) -> torch.Tensor:
+    def replay(self) -> Outputs:
         self.graph.replay()
-        return self.output
+        return self.outputs
 
 
 class RecordedCall:
-    """The CPU stand-in for ``CudaGraph``: capture keeps ``fn`` and its output tensor;
-    replay runs ``fn`` again (reading the same static input buffers) and writes the result into that
-    same tensor, as a graph would."""
+    """The CPU stand-in for ``CudaGraph``: capture keeps ``fn`` and its output tensors;
+    replay runs ``fn`` again (reading the same static input buffers) and writes the results into those
+    same tensors, as a graph would."""
 
     def __init__(self, pool=None):
-        self.fn: Callable[[], torch.Tensor] | None = None
-        self.output: torch.Tensor | None = None
+        self.fn: Callable[[], Outputs] | None = None
+        self.outputs: Outputs = ()
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def capture(self, fn: Callable[[], Outputs]) -> Outputs:
         self.fn = fn
-        self.output = fn()
-        return self.output
+        self.outputs = fn()
+        return self.outputs
 
-    def replay(self) -> torch.Tensor:
-        return self.output.copy_(self.fn())
+    def replay(self) -> Outputs:
+        for static, new in zip(self.outputs, self.fn()):
+            static.copy_(new)
+        return self.outputs
 
 
 class DecodeGraphs:
-    """One captured decode forward per batch bucket. ``forward(bucket)`` runs the model on the static inputs
-    of that bucket and returns its logits ``[bucket, vocab]``; ``warm_up(bucket)`` fills the inputs with a
-    valid batch (padding rows only) first, since a graph records the kernels its first run chooses."""
+    """One captured decode forward per bucket. ``forward(bucket)`` runs the model on the static inputs
+    of that bucket and returns its outputs (the runner's: logits ``[bucket, vocab]`` and hidden states
+    ``[bucket, hidden]``); ``warm_up(bucket)`` fills the inputs with a valid batch (padding rows only) first,
+    since a graph records the kernels its first run chooses."""
 
     def __init__(
         self,
         buckets: list[int],
-        forward: Callable[[int], torch.Tensor],
+        forward: Callable[[int], Outputs],
         warm_up: Callable[[int], None],
         graph_type: type = CudaGraph,
     ):
@@ -105,12 +114,11 @@ class DecodeGraphs:
                 (torch.cuda.memory_allocated() - used_before) / 2**20,
             )
 
-    def bucket_for(self, batch: int) -> int | None:
-        """The smallest bucket that holds ``batch`` decodes, or None when the batch
-        is larger than every graph."""
-        return next((b for b in self.buckets if b >= batch), None)
+    def bucket_for(self, num_rows: int) -> int | None:
+        """The smallest bucket that holds ``num_rows`` rows, or None when they are more than every graph
+        holds."""
+        return next((b for b in self.buckets if b >= num_rows), None)
 
-    def replay(self, bucket: int) -> torch.Tensor:
-        """The logits ``[bucket, vocab]`` of the batch now in the bucket's static inputs (valid until the next
-        replay)."""
+    def replay(self, bucket: int) -> Outputs:
+        """The outputs of the rows now in the bucket's static inputs (valid until the next replay)."""
         return self.graphs[bucket].replay()

@@ -102,7 +102,7 @@ class Engine:
             self.workers.start(cache, self.runner)
         if self.device.type == "cuda" and not config.enforce_eager:
             if resolve_backend(config.attention_backend, self.device) == "triton":
-                self.runner.capture_decode_graphs(config.max_num_seqs)
+                self.runner.capture_decode_graphs(config.max_graph_rows)
             else:  # the torch path reads each step's lengths on the host: a graph cannot hold that
                 log.info("decode steps run eagerly: CUDA graphs need the Triton attention backend")
         self.scheduler = Scheduler(
@@ -132,8 +132,9 @@ class Engine:
         if budget is None and cfg.device.startswith("cuda"):
             free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
             # What the steps themselves will hold: an eager step's activations, and the decode graphs' pool.
-            activations = self._activation_bytes(cfg.max_num_batched_tokens)
-            graphs = 0 if cfg.enforce_eager else self._activation_bytes(cfg.max_num_seqs)
+            activations = self._activation_bytes(cfg.max_num_batched_tokens, cfg.max_logits_rows)
+            rows = cfg.max_graph_rows
+            graphs = 0 if cfg.enforce_eager else self._activation_bytes(rows, rows)
             budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
             log.info(
                 "GPU memory held back from the KV cache: "
@@ -172,16 +173,17 @@ class Engine:
         )
 
     @torch.inference_mode()
-    def _activation_bytes(self, num_tokens: int) -> int:
-        """Peak CUDA memory one eager forward of ``num_tokens`` tokens takes beyond what is allocated now (its
-        attention stands in for the kernels, which write into the cache and allocate only their output)."""
+    def _activation_bytes(self, num_tokens: int, num_logits: int) -> int:
+        """Peak CUDA memory one eager forward of ``num_tokens`` tokens, ``num_logits`` of them wanting logits,
+        takes beyond what is allocated now (its attention stands in for the kernels, which write into the
+        cache and allocate only their output)."""
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
         positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device) % self.max_model_len
         hidden = self.model(ids, positions, lambda layer, q, k, v: q.clone())
-        self.model.logits(hidden[-self.config.max_num_seqs :])
+        self.model.logits(hidden[-num_logits:])
         del hidden
         return torch.cuda.max_memory_allocated(self.device) - before
 

@@ -56,8 +56,8 @@ class StagingBuffer:
 @dataclass(frozen=True)
 class StepLayout:
     """Where each of a step's arrays sits in the packed buffer, for ``T`` tokens, ``N`` logits rows, ``B``
-    sequences and block tables ``W`` wide. A decode graph for ``b`` sequences always uses
-    ``StepLayout(b, b, b, max_blocks)``, so its inputs sit at the same addresses at every replay."""
+    sequences and block tables ``W`` wide. A decode graph of ``b`` rows always uses
+    ``StepLayout(b, b, b, max_blocks)`` (``InputBatch.decode_layout``)."""
 
     num_tokens: int
     num_logits: int
@@ -222,13 +222,15 @@ class InputBatch:
         num_scheduled: dict[str, int],
         kv: KVCacheManager,
         tree_positions: dict[str, np.ndarray] | None = None,
-        layout: StepLayout | None = None,
+        bucket: int | None = None,
     ) -> StepInputs:
         """Write the step's inputs for the scheduled requests (decodes first) and send them to the device.
 
         ``tree_positions[request_id]``: RoPE positions of a request verifying a draft tree (depth-based; its
-        slots stay consecutive). ``layout``: a larger fixed layout to pad into (a decode graph's bucket):
-        padding sequences have one query at position 0 that reads the null block and writes no slot."""
+        slots stay consecutive). ``bucket``: lay the step out as a decode graph of that many rows holds it
+        (``decode_layout``): every token must want its logits (decodes, chains being verified), and each
+        becomes a decode row of its own, a sequence that ends at that token; the rows past the step's
+        tokens are padding, one query at position 0 that reads the null block and writes no slot."""
         self.sync_tables(kv)
         batch = len(scheduled)
         rows, computed, counts, totals, spans = [], [], [], [], {}
@@ -256,21 +258,35 @@ class InputBatch:
         if num_tokens > self.max_num_tokens:
             raise ValueError(f"a step of {num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
         seq_lens = computed + counts
-        if layout is None:
+        decode_rows = num_tokens == num_logits and (bucket is not None or num_tokens == batch)
+        if bucket is not None:
+            if not decode_rows:
+                raise ValueError("a decode graph's step holds tokens that want their logits only")
+            if num_tokens > bucket:
+                raise ValueError(f"a step of {num_tokens} tokens does not fit a graph of {bucket} rows")
+            layout = self.decode_layout(bucket)
+        elif decode_rows:
+            width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
+            layout = StepLayout(num_tokens, num_tokens, num_tokens, width)
+        else:
             width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
             layout = StepLayout(num_tokens, num_logits, batch, width)
         host_views, device_views = self._views(layout)
         ids, positions, slots, logits_rows, query_start, lens, table = host_views
-        if num_tokens == num_logits == batch:  # decodes only: one token per sequence, each wants its logits
+        query_end = np.cumsum(counts)
+        if num_tokens == batch:  # one token per request
             token_rows, cache_positions = rows, computed
-            positions[:batch] = computed
-            logits_rows[:batch] = self._arange[:batch]
-            query_start[1 : batch + 1] = self._arange[1 : batch + 1]
         else:
-            query_end = np.cumsum(counts)
-            owner = np.repeat(np.arange(batch), counts)  # token -> index of its sequence in the step
+            owner = np.repeat(np.arange(batch), counts)  # token -> index of its request in the step
             cache_positions = computed[owner] + np.arange(num_tokens) - (query_end - counts)[owner]
-            positions[:num_tokens] = cache_positions
+            token_rows = rows[owner]
+        positions[:num_tokens] = cache_positions
+        if decode_rows:  # each token a sequence of its own that ends at it, its logits wanted
+            logits_rows[:num_tokens] = self._arange[:num_tokens]
+            query_start[1 : num_tokens + 1] = self._arange[1 : num_tokens + 1]
+            lens[:num_tokens] = cache_positions + 1
+            table[:num_tokens] = self.block_table[token_rows, : layout.width]
+        else:
             for i, tree in trees:
                 positions[query_end[i] - counts[i] : query_end[i]] = tree
             # A request's logits rows are its last (end - num_tokens + 1) tokens.
@@ -278,26 +294,30 @@ class InputBatch:
             first_row = np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
             logits_rows[:num_logits] = np.arange(num_logits) + first_row
             query_start[1 : batch + 1] = query_end
-            token_rows = rows[owner]
+            lens[:batch] = seq_lens
+            table[:batch] = self.block_table[rows, : layout.width]
         query_start[0] = 0
         ids[:num_tokens] = self.token_ids[token_rows, cache_positions]
         slots[:num_tokens] = self.cache_slots(token_rows, cache_positions)
-        lens[:batch] = seq_lens
-        table[:batch] = self.block_table[rows, : layout.width]
-        if layout.num_seqs > batch:  # padding sequences of a decode graph's bucket
+        if layout.num_tokens > num_tokens:  # padding rows of a decode graph's bucket
             pad = slice(num_tokens, layout.num_tokens)
             ids[pad], positions[pad], slots[pad] = 0, 0, -1
-            logits_rows[num_logits:] = self._arange[num_logits : layout.num_logits]
-            query_start[batch + 1 :] = self._arange[num_tokens + 1 : layout.num_tokens + 1]
-            lens[batch:] = 1
-            table[batch:] = 0
+            logits_rows[pad] = self._arange[pad]
+            query_start[num_tokens + 1 :] = self._arange[num_tokens + 1 : layout.num_tokens + 1]
+            lens[pad] = 1
+            table[pad] = 0
         self.staging.send(layout.total)
         return StepInputs(
             layout,
             *device_views,
-            int(counts.max(initial=1)),
-            int(seq_lens.max(initial=1)),
+            1 if decode_rows else int(counts.max(initial=1)),
+            int(lens[: layout.num_seqs].max(initial=1)),
             spans,
             rows,
             computed,
         )
+
+    def decode_layout(self, bucket: int) -> StepLayout:
+        """The layout of a decode graph of ``bucket`` rows: the same at every replay, so its inputs sit at the
+        same addresses."""
+        return StepLayout(bucket, bucket, bucket, self.max_blocks)

@@ -9,8 +9,9 @@ batch (``input_batch.py``) builds::
 
 and sends them to the device with one non-blocking copy. A request gets logits only when its step reaches its
 last known token: one row for a decode or a final prefill chunk, ``1 + k`` rows when it verifies ``k`` draft
-tokens, none for an unfinished prefill chunk. A step of decodes alone replays a CUDA graph when graphs were
-captured (``capture_decode_graphs``); every other step runs eagerly. ``read_tokens`` is the step's one
+tokens, none for an unfinished prefill chunk. When graphs were captured (``capture_decode_graphs``), a step
+whose every token wants its logits (decodes, and requests verifying draft chains) replays one, each token a
+decode row; every other step (prefill chunks, draft trees) runs eagerly. ``read_tokens`` is the step's one
 device-to-host copy: the sampled token ids.
 """
 
@@ -29,7 +30,7 @@ from ..kernels.paged_attention import tune_decode
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, batch_buckets
-from .input_batch import InputBatch, StepInputs, StepLayout
+from .input_batch import InputBatch, StepInputs
 from .scheduler import SchedulerOutput
 
 
@@ -83,12 +84,12 @@ class ModelRunner:
         sit at their depth's position and attend to the context and their ancestors only."""
         self.cache.copy_blocks(plan.block_copies)
         scheduled, counts = plan.scheduled, plan.num_scheduled_tokens
-        bucket = None
-        if self.graphs is not None and not return_hidden and not trees and self._all_decodes(plan):
-            bucket = self.graphs.bucket_for(len(scheduled))
+        bucket = self._graph_bucket(plan) if self.graphs is not None and not trees else None
         if bucket is not None:
-            inputs = self.batch.prepare(scheduled, counts, self.kv, layout=self._bucket_layout(bucket))
-            return ModelOutput(self.graphs.replay(bucket)[: len(scheduled)], inputs.rows)
+            inputs = self.batch.prepare(scheduled, counts, self.kv, bucket=bucket)
+            logits, hidden = self.graphs.replay(bucket)
+            rows = sum(counts[r.request_id] for r in scheduled)
+            return ModelOutput(logits[:rows], inputs.rows, hidden[:rows] if return_hidden else None)
         tree_rows, positions = {}, {}
         for request in scheduled if trees else []:
             if request.request_id in trees:  # a token budget may cut a tree short: a prefix is still a tree
@@ -122,11 +123,12 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, attend)
         return self.model.logits(hidden.index_select(0, inputs.logits_indices)), hidden
 
-    @staticmethod
-    def _all_decodes(plan: SchedulerOutput) -> bool:
-        """Every request runs one token, its last known one (no prefill chunk, no draft)."""
-        counts = plan.num_scheduled_tokens
-        return all(counts[r.request_id] == 1 and r.num_computed == r.num_tokens - 1 for r in plan.scheduled)
+    def _graph_bucket(self, plan: SchedulerOutput) -> int | None:
+        """The decode graph that holds the step, if every token wants its logits: each request runs from its
+        last known token on (a decode, or that token and the draft chain it verifies; no prefill chunk)."""
+        if any(r.num_computed != r.num_tokens - 1 for r in plan.scheduled):
+            return None
+        return self.graphs.bucket_for(sum(plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled))
 
     def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
         """``(rows of the tree in the flat batch, cache slots of its context, tree mask)``
@@ -159,18 +161,16 @@ class ModelRunner:
 
     # -- decode graphs -------------------------------------------------------------------------------------
 
-    def _bucket_layout(self, bucket: int) -> StepLayout:
-        return StepLayout(bucket, bucket, bucket, self.batch.max_blocks)
-
     @torch.inference_mode()
-    def capture_decode_graphs(self, max_num_seqs: int, graph_type: type = CudaGraph) -> None:
-        """Capture one decode graph per batch bucket up to ``max_num_seqs`` (``graph_type``: ``CudaGraph`` on
-        CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode steps then replay them."""
+    def capture_decode_graphs(self, max_rows: int, graph_type: type = CudaGraph) -> None:
+        """Capture one decode graph per bucket up to ``max_rows`` rows (``EngineConfig.max_graph_rows``;
+        ``graph_type``: ``CudaGraph`` on CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode and
+        chain-verifying steps then replay them."""
         if graph_type is CudaGraph and self.device.type != "cuda":
             raise ValueError(
                 "CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them"
             )
-        buckets = batch_buckets(min(max_num_seqs, self.batch.max_num_tokens))
+        buckets = batch_buckets(min(max_rows, self.batch.max_num_tokens))
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
 
     def _pad_bucket(self, bucket: int) -> None:
@@ -181,13 +181,14 @@ class ModelRunner:
             tune_decode(
                 self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads
             )
-        self.batch.prepare([], {}, self.kv, layout=self._bucket_layout(bucket))
+        self.batch.prepare([], {}, self.kv, bucket=bucket)
 
-    def _decode_forward(self, bucket: int) -> torch.Tensor:
-        """The model over a bucket's static inputs: every row a decode (one query, its logits wanted). The
+    def _decode_forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model over a bucket's static inputs, every row a decode (one query, its logits wanted): logits
+        ``[bucket, vocab]`` and hidden states ``[bucket, hidden]`` (an EAGLE drafter's features). The
         attention kernel's launch depends on the bucket alone: the context bound is ``max_model_len``."""
-        layout = self._bucket_layout(bucket)
+        layout = self.batch.decode_layout(bucket)
         ids, positions, slots, _, query_start, seq_lens, table = layout.split(self.batch.staging.device)
         meta = AttentionMetadata(slots, table, query_start, seq_lens, 1, self.max_model_len)
         hidden = self.model(ids, positions, PagedAttention(self.cache, meta, self.attention_backend))
-        return self.model.logits(hidden)
+        return self.model.logits(hidden), hidden

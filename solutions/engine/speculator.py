@@ -109,7 +109,7 @@ class Speculator:
             num_new = plan.num_scheduled_tokens[request_id]
             before = computed_before[request_id]
             num_drafts = num_new - 1 if request.spec_token_ids and before == request.num_tokens - 1 else 0
-            hidden_rows = list(range(hidden_start, hidden_start + num_new))
+            hidden_rows = range(hidden_start, hidden_start + num_new)
             hidden_start += num_new
             if num_drafts == 0:
                 self._observe(request_id, out, hidden_rows, before)
@@ -173,7 +173,7 @@ class Speculator:
         return tokens
 
     def _walk(
-        self, request: Request, out: ModelOutput, num_drafts: int, hidden_rows: list[int], before: int
+        self, request: Request, out: ModelOutput, num_drafts: int, hidden_rows: range, before: int
     ) -> list[int]:
         """Walk a verified tree; move the accepted path's K/V up behind the context."""
         full = self.trees[request.request_id]
@@ -215,8 +215,12 @@ class Speculator:
         metrics.num_verified_tokens += num_accepted + 1
 
     def _observe(
-        self, request_id: str, out: ModelOutput, hidden_rows: list[int], first_position: int
+        self, request_id: str, out: ModelOutput, hidden_rows: range | list[int], first_position: int
     ) -> None:
+        """Hand the drafter the target's features at ``hidden_rows`` (a run of rows is read in place)."""
         if self.drafter.needs_features:
-            rows = torch.tensor(hidden_rows, device=out.hidden.device)
-            self.drafter.observe(request_id, target_features(self.model, out.hidden[rows]), first_position)
+            if isinstance(hidden_rows, range):
+                hidden = out.hidden[hidden_rows.start : hidden_rows.stop]
+            else:
+                hidden = out.hidden[torch.tensor(hidden_rows, device=out.hidden.device)]
+            self.drafter.observe(request_id, target_features(self.model, hidden), first_position)
