@@ -174,17 +174,18 @@ def test_the_gpu_speculative_step_run_on_a_cpu_equals_the_plain_engine(tiny_fold
     assert max(replayed) >= 8, "no step verifying drafts replayed a graph: the test proves less"
 
 
-def count_host_reads(monkeypatch) -> list[str]:
+def count_host_reads(monkeypatch, packages: tuple[str, ...] = ("engine",)) -> list[str]:
     """Patch the Tensor methods that turn device values into host values;
-    record each call made from engine/."""
+    record each call made from the given packages of solutions/."""
     calls: list[str] = []
-    engine_dir = str(Path(__file__).resolve().parents[1] / "solutions" / "engine")
+    solutions = Path(__file__).resolve().parents[1] / "solutions"
+    dirs = tuple(str(solutions / package) for package in packages)
     for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"):
         original = getattr(torch.Tensor, name)
 
         def wrapper(self, *args, _original=original, _name=name, **kwargs):
             caller = sys._getframe(1).f_code.co_filename
-            if caller.startswith(engine_dir):
+            if caller.startswith(dirs):
                 calls.append(f"{_name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
             return _original(self, *args, **kwargs)
 
@@ -216,6 +217,36 @@ def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, gr
         assert len(calls) - before == 1, f"host reads in one decode step: {calls[before:]}"
     monkeypatch.undo()
     engine.abort([g for g in list(engine.groups)])
+
+
+def test_a_greedy_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path, monkeypatch):
+    """With decode graphs (recorded), a steady step of greedy requests that all draft EAGLE chains reads the
+    device twice from engine/ and speculative/: the drafts (one read for the whole chain) and the target's
+    choices over the verified rows. (The head here is untrained: its drafts are read, seldom accepted.)"""
+    from solutions.speculative.eagle import EagleHead, save_head
+
+    config, head = make_llm(tiny_folder).engine.model.config, tmp_path / "head.safetensors"
+    save_head(EagleHead(config, torch.arange(config.vocab_size)), head, {})
+    llm = make_llm(tiny_folder, speculative="eagle", num_speculative_tokens=3, eagle_head=str(head))
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    for i in range(3):
+        engine.add_request([1 + i, 2, 3, 4, 5], params)
+    for _ in range(3):  # prefill, then warm steps
+        engine.step()
+    drafted, execute = [], engine.runner.execute
+    engine.runner.execute = lambda plan, **kw: drafted.append(
+        [len(r.spec_token_ids) for r in plan.scheduled]
+    ) or execute(plan, **kw)
+    calls = count_host_reads(monkeypatch, ("engine", "speculative"))
+    for _ in range(5):
+        before = len(calls)
+        engine.step()
+        assert drafted[-1] == [3, 3, 3], "every request drafts a whole chain: the test proves less"
+        assert len(calls) - before == 2, f"host reads in one EAGLE step: {calls[before:]}"
+    monkeypatch.undo()
+    engine.abort(list(engine.groups))
 
 
 def test_forked_completions_beyond_max_num_seqs_get_rows(tiny_folder):

@@ -144,35 +144,30 @@ class EagleDrafter:
         hidden = self._catch_up(request_ids, token_ids)
         head, vocab_size = self.head, self.head.lm_head_weight.shape[0]
         steps = min(self.num_tokens, max(limits))
-        drafted: list[list[int]] = [[] for _ in request_ids]
+        # The chain stays on the device until it is drafted: one read of every draft at the end.
+        positions = torch.tensor([self.committed[r] for r in request_ids], device=hidden.device)
+        chain: list[torch.Tensor] = []
         probs: list[list[torch.Tensor]] = [[] for _ in request_ids]
         for step in range(steps):
             logits = head.draft_logits(hidden)  # [B, Vd]
-            choices = []
+            choices = logits.argmax(dim=-1)
             for b, temperature in enumerate(temperatures):
                 if temperature > 0:
                     q = torch.softmax(logits[b] / temperature, dim=-1)
-                    choice = int(torch.multinomial(q.cpu(), 1))
+                    choices[b] = torch.multinomial(q, 1)[0]
                     full = torch.zeros(vocab_size, device=q.device).index_copy_(0, head.vocab_ids, q)
                     probs[b].append(full)
-                else:
-                    choice = int(logits[b].argmax())
-                choices.append(choice)
-                if step < min(self.num_tokens, limits[b]):
-                    drafted[b].append(int(head.vocab_ids[choice]))
-            if step + 1 == steps:
-                break
-            done = [self.committed[r] for r in request_ids]
-            device = hidden.device
-            hidden = head(
-                hidden,
-                head.vocab_ids[torch.tensor(choices, device=device)],
-                torch.tensor([d + step for d in done], device=device),
-                self.kv.attend(request_ids, [1] * len(request_ids)),
-            )
-        return [
-            Draft(ids, torch.stack(p[: len(ids)]) if p and ids else None) for ids, p in zip(drafted, probs)
-        ]
+            chain.append(head.vocab_ids[choices])
+            if step + 1 < steps:
+                hidden = head(
+                    hidden, chain[-1], positions + step, self.kv.attend(request_ids, [1] * len(request_ids))
+                )
+        drafted = torch.stack(chain, dim=1).tolist() if chain else [[] for _ in request_ids]  # [B, steps]
+        drafts = []
+        for ids, p, limit in zip(drafted, probs, limits):
+            num = max(0, min(self.num_tokens, limit))
+            drafts.append(Draft(ids[:num], torch.stack(p[:num]) if p else None))
+        return drafts
 
     @torch.inference_mode()
     def propose_tree(self, request_id: str, token_ids: list[int], num_nodes: int) -> DraftTree:

@@ -174,10 +174,9 @@ class DraftKV:
                 keys = torch.cat([self.keys[seq_id], k[rows]]) if seq_id in self.keys else k[rows]
                 values = torch.cat([self.values[seq_id], v[rows]]) if seq_id in self.values else v[rows]
                 self.keys[seq_id], self.values[seq_id] = keys, values
-                if mask is None:
+                if mask is None:  # causal: query i sees every earlier entry and the new ones up to itself
                     past = keys.shape[0] - q_len
-                    causal = torch.ones(q_len, q_len, dtype=torch.bool).tril()
-                    mask = torch.cat([torch.ones(q_len, past, dtype=torch.bool), causal], dim=1)
+                    mask = torch.ones(q_len, past + q_len, dtype=torch.bool, device=q.device).tril(past)
                 outs.append(masked_attention(q[rows], keys, values, mask))
             return torch.cat(outs)
 
