@@ -265,12 +265,9 @@ class InputBatch:
             if num_tokens > bucket:
                 raise ValueError(f"a step of {num_tokens} tokens does not fit a graph of {bucket} rows")
             layout = self.decode_layout(bucket)
-        elif decode_rows:
-            width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
-            layout = StepLayout(num_tokens, num_tokens, num_tokens, width)
         else:
             width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
-            layout = StepLayout(num_tokens, num_logits, batch, width)
+            layout = StepLayout(num_tokens, num_logits, num_tokens if decode_rows else batch, width)
         host_views, device_views = self._views(layout)
         ids, positions, slots, logits_rows, query_start, lens, table = host_views
         query_end = np.cumsum(counts)
