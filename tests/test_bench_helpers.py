@@ -84,5 +84,5 @@ def test_bench_host_times_every_batch_kind_and_mark(capsys):
     assert [row[:2] for row in rows] == [["1", "2"], ["1", "5"], ["3", "2"], ["3", "5"]]
     assert all(len(row) == 7 and float(row[2]) > 0 for row in rows), rows
     recorded = StoredLogits()
-    first = recorded.capture(lambda: torch.ones(2, 3))
-    assert recorded.replay() is first, "a replay returns the captured logits, computing nothing"
+    first = recorded.capture(lambda: (torch.ones(2, 3), torch.ones(2, 4)))
+    assert recorded.replay() is first, "a replay returns the captured logits and states, computing nothing"

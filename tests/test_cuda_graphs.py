@@ -292,6 +292,24 @@ def test_cuda_graphs_equal_eager_through_preemption_and_abort(tiny_folder):
 
 
 @requires_cuda
+def test_cuda_graphs_verify_draft_chains_as_eager_steps_do(tiny_folder):
+    """n-gram chains verified from the CUDA graphs (each token a decode row) give the eager engine's tokens,
+    and some replayed step held drafts."""
+    g = torch.Generator().manual_seed(1)
+    phrase = torch.randint(0, 101, (5,), generator=g).tolist()
+    prompts = [phrase * 3, phrase[:3] * 4 + [7], torch.randint(0, 101, (9,), generator=g).tolist()]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    options = dict(speculative="ngram", num_speculative_tokens=3, max_num_batched_tokens=512)
+    eager = make_llm(tiny_folder, "cuda", enforce_eager=True, **options).generate(prompts, params)
+    llm = make_llm(tiny_folder, "cuda", **options)
+    replayed, replay = [], llm.engine.runner.graphs.replay
+    llm.engine.runner.graphs.replay = lambda bucket: replayed.append(bucket) or replay(bucket)
+    graphed = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
+    assert max(replayed) >= 8, "no step verifying drafts replayed a graph: the test proves less"
+
+
+@requires_cuda
 def test_torch_attention_on_cuda_decodes_eagerly_and_equals_triton(tiny_folder):
     """The torch attention path reads each step's lengths on the host, so it gets no decode graphs (capturing
     it would fail); its greedy tokens equal the graphed Triton engine's."""
