@@ -249,6 +249,28 @@ def test_a_greedy_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path,
     engine.abort(list(engine.groups))
 
 
+@pytest.mark.interpreter  # the fused Triton ops on a CPU
+def test_a_head_on_the_fused_triton_ops_computes_what_the_plain_ops_do(tiny_folder, tmp_path):
+    """A CUDA engine's EAGLE head runs its layer's chains through the fused Triton kernels (``load_head``
+    gives it the target's ops): its features equal the plain chains' up to rounding."""
+    from solutions.model.layer_ops import PLAIN_OPS, triton_layer_ops
+    from solutions.model.llama import use_layer_ops
+    from solutions.speculative.eagle import DraftKV, EagleHead, load_head, save_head
+
+    model = make_llm(tiny_folder).engine.model
+    config, path = model.config, tmp_path / "head.safetensors"
+    save_head(EagleHead(config, torch.arange(config.vocab_size)), path, {})
+    head = load_head(model, path)
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(6, config.hidden_size, generator=g)
+    tokens = torch.randint(0, config.vocab_size, (6,), generator=g)
+    outs = []
+    for ops in (PLAIN_OPS, triton_layer_ops()):
+        use_layer_ops(head, ops)
+        outs.append(head(features, tokens, torch.arange(6), DraftKV().attend(["r"], [6])))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
 def test_forked_completions_beyond_max_num_seqs_get_rows(tiny_folder):
     """n > 1 completions fork after the prompt's prefill, so the running requests may outnumber max_num_seqs:
     the persistent batch grows its rows instead of failing."""

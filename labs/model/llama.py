@@ -242,6 +242,13 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+def use_layer_ops(module: nn.Module, ops: LayerOps) -> None:
+    """Run the elementwise chains of every decoder layer inside ``module`` through ``ops``."""
+    for child in module.modules():
+        if isinstance(child, AddRMSNorm | Attention | MLP):
+            child.ops = ops
+
+
 class LlamaModel(nn.Module):
     """Token ids and positions in, final hidden states out; ``logits`` applies the LM head."""
 
@@ -284,9 +291,7 @@ class LlamaModel(nn.Module):
     def use_ops(self, ops: LayerOps) -> None:
         """Run every layer's elementwise chains through ``ops`` (fused kernels, say)
         instead of the current set."""
-        for module in self.modules():
-            if isinstance(module, AddRMSNorm | Attention | MLP):
-                module.ops = ops
+        use_layer_ops(self, ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits ``[N, vocab]`` for the given hidden states."""

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..kernels.cpu_linear import fastest_linear, use_fastest_linears
 from ..model.config import ModelConfig
-from ..model.llama import Attend, DecoderLayer, LlamaModel
+from ..model.llama import Attend, DecoderLayer, LlamaModel, use_layer_ops
 from ..paths import DATA_DIR
 from .tree import masked_attention
 
@@ -213,8 +213,9 @@ def save_head(head: EagleHead, path: str | Path, metadata: dict[str, str]) -> st
 
 
 def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
-    """Load a saved head onto ``target`` (in the target's device and dtype) and attach it, for inference: on a
-    CPU its linears run the paths measured fastest there (``kernels/cpu_linear.py``).
+    """Load a saved head onto ``target`` (in the target's device and dtype) and attach it, for inference: its
+    decoder layer runs the target's layer ops (the fused kernels the engine chose), and on a CPU its linears
+    run the paths measured fastest there (``kernels/cpu_linear.py``).
     To train, make a fresh ``EagleHead``.
 
     Raises FileNotFoundError if there is no file, ValueError if the head does not fit the model.
@@ -239,6 +240,7 @@ def load_head(target: LlamaModel, path: str | Path = HEAD_PATH) -> EagleHead:
     if set(missing) != {"draft_vocab"} or unexpected:
         raise ValueError(f"the EAGLE head at {path} does not fit: missing {missing}, unexpected {unexpected}")
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False).attach(target)
+    use_layer_ops(head, target.ops)  # its layer's chains run as the target's do (fused where they pay)
     if device.type == "cpu":  # inference only: fc, the layer's linears and (from use_vocab on) the draft's
         use_fastest_linears(head)  # vocabulary projection take the paths measured fastest here
         head.cpu_paths = True
