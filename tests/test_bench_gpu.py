@@ -125,6 +125,30 @@ def test_spec_rows_say_they_need_the_bundled_model(tmp_path, monkeypatch):
     assert "need the bundled model" in markdown and "shapes" not in doc
 
 
+def test_step_breakdown_splits_decode_steps_into_parts(tiny_folder):
+    """The spec rows' breakdown: every decode step after the prefill, its parts adding up to the step, and the
+    share of forwards a graph replayed (here recorded graphs: all of them, drafts verified included)."""
+    from solutions import LLM, SamplingParams
+    from solutions.bench.gpu_speculative import step_breakdown
+    from solutions.engine.cuda_graphs import RecordedCall
+
+    llm = LLM(
+        model=str(tiny_folder), device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=1,
+        max_model_len=128, speculative="ngram", num_speculative_tokens=3,
+    )  # fmt: skip
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    parts = step_breakdown(llm, [5, 6, 7, 8] * 4, params, lambda: None)
+    assert 1 <= parts["steps"] <= 19, "one token comes from the prefill, each decode step adds at least one"
+    assert parts["draft_ms"] > 0 and parts["forward_ms"] > 0 and parts["other_ms"] > 0
+    total = parts["draft_ms"] + parts["forward_ms"] + parts["other_ms"]
+    assert total == pytest.approx(parts["step_ms"])
+    assert parts["graph_share"] == 1.0
+    assert engine.runner.execute.__name__ == "execute", "the breakdown put the runner back as it was"
+    assert not engine.has_unfinished_requests()
+
+
 def test_unknown_shape_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu.main(["--device", "cpu", "--shapes", "llama-9000"])

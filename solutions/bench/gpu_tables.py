@@ -218,4 +218,26 @@ def _speculative(s: dict) -> list[str]:
         ]
         for r in s["rows"]
     ]
-    return lines + _table(["method", "tok/s", "vs plain", "tau", "outputs differing from plain"], rows)
+    lines += _table(["method", "tok/s", "vs plain", "tau", "outputs differing from plain"], rows)
+    if s.get("breakdown"):
+        lines += [
+            "",
+            "Where a decode step's time goes (the first prompt alone, after its prefill; the device "
+            "synchronised at each part, so the steps are slower than above): ms a step.",
+            "",
+        ]
+        rows = [
+            [
+                r["method"],
+                str(r["steps"]),
+                _num(r["step_ms"], 2),
+                _num(r["draft_ms"], 2),
+                _num(r["forward_ms"], 2),
+                _num(r["other_ms"], 2),
+                _share(r["graph_share"]),
+            ]
+            for r in s["breakdown"]
+        ]
+        header = ["method", "steps", "step", "drafting", "forward", "the rest", "forwards from a graph"]
+        lines += _table(header, rows)
+    return lines
