@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
@@ -265,6 +267,30 @@ def test_ngram_lookup_copies_what_followed_the_latest_match(load):
         propose([1, 2], 0)
     with pytest.raises(ValueError, match="min_ngram"):
         propose([1, 2], 2, max_ngram=1, min_ngram=2)
+
+
+def scan_ngram(token_ids: list[int], num_tokens: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Prompt lookup written as the plain right-to-left scan: the oracle for ``propose_ngram``."""
+    length = len(token_ids)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        for start in range(length - n - 1, -1, -1):
+            if token_ids[start : start + n] == token_ids[length - n :]:
+                return token_ids[start + n : start + n + num_tokens]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 4).flatmap(lambda hi: st.tuples(st.integers(1, hi), st.just(hi))),
+)
+def test_ngram_lookup_equals_the_plain_scan(token_ids, num_tokens, ngram_range):
+    from solutions.speculative.ngram import propose_ngram
+
+    min_ngram, max_ngram = ngram_range
+    expected = scan_ngram(token_ids, num_tokens, max_ngram, min_ngram)
+    assert propose_ngram(token_ids, num_tokens, max_ngram, min_ngram) == expected
 
 
 def tiny_llama(load, seed: int = 0):

@@ -8,6 +8,8 @@ draft) and the target's verification keeps the output exact either way.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def propose_ngram(token_ids: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to ``num_tokens`` drafts: what followed the most recent earlier match of the longest suffix
@@ -17,12 +19,15 @@ def propose_ngram(token_ids: list[int], num_tokens: int, max_ngram: int = 3, min
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
     length = len(token_ids)
+    ids = np.asarray(token_ids)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        suffix = token_ids[length - n :]
-        # Scan right to left for the most recent earlier occurrence (it may overlap the suffix itself).
-        for start in range(length - n - 1, -1, -1):
-            if token_ids[start : start + n] == suffix:
-                follow = token_ids[start + n : start + n + num_tokens]
-                if follow:
-                    return follow
+        # Earlier starts 0 .. length - n - 1 (a token follows each; a match may overlap the suffix itself),
+        # compared with the suffix one offset at a time over the whole sequence: numpy, not a Python scan.
+        matches = ids[: length - n] == ids[length - n]
+        for offset in range(1, n):
+            matches &= ids[offset : length - n + offset] == ids[length - n + offset]
+        found = np.flatnonzero(matches)
+        if found.size:  # the most recent match wins
+            start = int(found[-1])
+            return list(token_ids[start + n : start + n + num_tokens])
     return []
