@@ -226,16 +226,9 @@ def _speculative(s: dict) -> list[str]:
             "synchronised at each part, so the steps are slower than above): ms a step.",
             "",
         ]
+        parts = ("step_ms", "draft_ms", "forward_ms", "other_ms")
         rows = [
-            [
-                r["method"],
-                str(r["steps"]),
-                _num(r["step_ms"], 2),
-                _num(r["draft_ms"], 2),
-                _num(r["forward_ms"], 2),
-                _num(r["other_ms"], 2),
-                _share(r["graph_share"]),
-            ]
+            [r["method"], str(r["steps"]), *(_num(r[part], 2) for part in parts), _share(r["graph_share"])]
             for r in s["breakdown"]
         ]
         header = ["method", "steps", "step", "drafting", "forward", "the rest", "forwards from a graph"]
