@@ -68,7 +68,7 @@ def step_breakdown(llm: LLM, prompt: list[int], params: SamplingParams, sync: Ca
             runner.graphs.replay = replay
         if propose is not None:
             spec.propose = propose
-    per_step = {part: 1e3 * seconds / counts["steps"] for part, seconds in spent.items()}
+    per_step = {part: 1e3 * seconds / max(1, counts["steps"]) for part, seconds in spent.items()}
     return {
         "steps": counts["steps"],
         "step_ms": per_step["step"],

@@ -84,12 +84,17 @@ class ModelRunner:
         sit at their depth's position and attend to the context and their ancestors only."""
         self.cache.copy_blocks(plan.block_copies)
         scheduled, counts = plan.scheduled, plan.num_scheduled_tokens
-        bucket = self._graph_bucket(plan) if self.graphs is not None and not trees else None
+        # A graph holds the step if every token wants its logits: each request runs from its last known token
+        # on (a decode, or that token and the draft chain it verifies; no prefill chunk, no tree).
+        bucket = None
+        graphable = self.graphs is not None and not trees
+        if graphable and all(r.num_computed == r.num_tokens - 1 for r in scheduled):
+            num_rows = sum(counts[r.request_id] for r in scheduled)
+            bucket = self.graphs.bucket_for(num_rows)
         if bucket is not None:
             inputs = self.batch.prepare(scheduled, counts, self.kv, bucket=bucket)
             logits, hidden = self.graphs.replay(bucket)
-            rows = sum(counts[r.request_id] for r in scheduled)
-            return ModelOutput(logits[:rows], inputs.rows, hidden[:rows] if return_hidden else None)
+            return ModelOutput(logits[:num_rows], inputs.rows, hidden[:num_rows] if return_hidden else None)
         tree_rows, positions = {}, {}
         for request in scheduled if trees else []:
             if request.request_id in trees:  # a token budget may cut a tree short: a prefix is still a tree
@@ -122,13 +127,6 @@ class ModelRunner:
             attend = TreeAttention(attend, self.cache.k, self.cache.v, tree_specs)
         hidden = self.model(inputs.input_ids, inputs.positions, attend)
         return self.model.logits(hidden.index_select(0, inputs.logits_indices)), hidden
-
-    def _graph_bucket(self, plan: SchedulerOutput) -> int | None:
-        """The decode graph that holds the step, if every token wants its logits: each request runs from its
-        last known token on (a decode, or that token and the draft chain it verifies; no prefill chunk)."""
-        if any(r.num_computed != r.num_tokens - 1 for r in plan.scheduled):
-            return None
-        return self.graphs.bucket_for(sum(plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled))
 
     def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
         """``(rows of the tree in the flat batch, cache slots of its context, tree mask)``

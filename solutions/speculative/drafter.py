@@ -166,7 +166,7 @@ class EagleDrafter:
         drafts = []
         for ids, p, limit in zip(drafted, probs, limits):
             num = max(0, min(self.num_tokens, limit))
-            drafts.append(Draft(ids[:num], torch.stack(p[:num]) if p else None))
+            drafts.append(Draft(ids[:num], torch.stack(p[:num]) if p and num else None))
         return drafts
 
     @torch.inference_mode()
