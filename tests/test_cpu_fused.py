@@ -29,10 +29,24 @@ SLACK = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 def fused(request):
     """The fused chains of one dtype (skipped where no library can be built: no C++ compiler)."""
     dtype = request.param
-    runners = cpu_layer_ops.compiled_chains(dtype)
-    if not runners:
-        pytest.skip("AOTInductor cannot build libraries here (no working C++ compiler?)")
+    runners = compiled_or_skip(dtype)
     return dtype, {name: cpu_layer_ops.FUSED[name](run, dtype) for name, run in runners.items()}
+
+
+def compiled_or_skip(dtype: torch.dtype) -> dict:
+    """``compiled_chains(dtype)``; where none could be built, skip, giving the builder's reason (its log)."""
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = said.append
+    logging.getLogger("fastmode").addHandler(handler)
+    try:
+        runners = cpu_layer_ops.compiled_chains(dtype)
+    finally:
+        logging.getLogger("fastmode").removeHandler(handler)
+    if not runners:
+        why = "; ".join(record.getMessage() for record in said) or "a build failed earlier in this process"
+        pytest.skip(f"AOTInductor cannot build libraries here: {why}")
+    return runners
 
 
 def reference(name: str, args: tuple) -> list[torch.Tensor]:
@@ -187,8 +201,7 @@ def test_without_a_compiler_the_plain_ops_with_one_log_line(missing, tmp_path, m
 def test_the_choice_follows_the_measurement_per_regime(tmp_path, monkeypatch):
     """A chain measured slower than plain is not chosen; one faster at one row only runs at one row."""
     monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path))
-    if not cpu_layer_ops.compiled_chains(torch.float32):
-        pytest.skip("AOTInductor cannot build libraries here (no working C++ compiler?)")
+    compiled_or_skip(torch.float32)
     plain_wins = {r: {"path": "plain", "us": {"plain": 1.0, "compiled": 2.0}} for r in REGIMES}
     monkeypatch.setattr(cpu_layer_ops, "measure_chain", lambda *args: plain_wins)
     model = tiny_llama(torch.float32)
