@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from solutions.bench.decode_steps import summarize_profile
+from solutions.bench.gpu import nano_vllm_workload
 from solutions.bench.gpu_report import Report, SectionSkipped, run_header
 from solutions.bench.gpu_setup import FULL, QUICK
-from solutions.bench.gpu_throughput import nano_vllm_workload
 from solutions.bench.model_shapes import SHAPES, write_random_checkpoint
 from solutions.cli.bench import gpu
 from solutions.model.loader import load_hf_folder
@@ -253,11 +253,12 @@ def test_summarize_profile_counts_per_step():
 
 def test_nano_vllm_workload_is_seeded_and_in_range():
     sizes = QUICK
-    prompts, output_lens = nano_vllm_workload(sizes, vocab_size=512)
-    assert (prompts, output_lens) == nano_vllm_workload(sizes, vocab_size=512)
+    workload = nano_vllm_workload(sizes, vocab_size=512)
+    prompts, output_lens = workload.prompts, workload.output_lens
+    assert workload == nano_vllm_workload(sizes, vocab_size=512)
     assert len(prompts) == len(output_lens) == sizes.requests
     assert all(sizes.prompt_lens[0] <= len(p) <= sizes.prompt_lens[1] for p in prompts)
     assert all(sizes.output_lens[0] <= n <= sizes.output_lens[1] for n in output_lens)
     assert max(max(p) for p in prompts) < 512
-    full_prompts, _ = nano_vllm_workload(FULL, vocab_size=49152)
+    full_prompts = nano_vllm_workload(FULL, vocab_size=49152).prompts
     assert max(max(p) for p in full_prompts) < 10_000, "nano-vllm draws token ids below 10,000"

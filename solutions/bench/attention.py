@@ -1,17 +1,16 @@
 """What ``python -m solutions bench attention`` measures with (``cli/bench/attention.py``): naive attention
-(the full score matrix through memory), torch SDPA's flash backend, timers (a CPU wall-clock median, a
-``do_bench`` median on CUDA), and the GPU table of our FlashAttention-2 kernel against both."""
+(the full score matrix through memory), torch SDPA's flash backend, and the GPU table of our FlashAttention-2
+kernel against both, timed by ``timing.median_ms``."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..kernels.flash_attention import _flash_fwd_tuned, flash_attention, flops
+from .timing import median_ms
 
 GOAL = 0.9  # our kernel's TFLOP/s over SDPA's, at least
 
@@ -35,22 +34,13 @@ def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
 
 
 def cpu_median_ms(repeats: int, fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
-    fn(*args, **kwargs)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args, **kwargs)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    """``median_ms`` of ``fn(*args, **kwargs)`` on the wall clock (the CPU table's and notebooks' form)."""
+    return median_ms(lambda: fn(*args, **kwargs), "cpu", repeats)
 
 
 def tflops(work: float, fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
-    """TFLOP/s of ``fn(*args)``: a ``do_bench`` median on CUDA, a wall-clock median elsewhere."""
-    if args[0].device.type != "cuda":
-        return work / (cpu_median_ms(3, fn, *args, **kwargs) * 1e-3) / 1e12
-    import triton.testing
-
-    return work / (triton.testing.do_bench(lambda: fn(*args, **kwargs), warmup=25, rep=100) * 1e-3) / 1e12
+    """TFLOP/s of ``fn(*args)`` on the first argument's device, timed by ``median_ms``."""
+    return work / (median_ms(lambda: fn(*args, **kwargs), args[0].device, 3) * 1e-3) / 1e12
 
 
 def _tiles(config) -> str:

@@ -9,7 +9,6 @@ each (no prefill chunk, no finished or preempted request in the step).
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Callable, Iterable
 
@@ -17,14 +16,10 @@ import torch
 
 from ..engine.engine import Engine
 from ..sampling_params import SamplingParams
+from .timing import device_sync
 
 # Host-side CUDA runtime calls that block the CPU until the device catches up.
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-
-
-def device_sync(device: str) -> Callable[[], None]:
-    """``torch.cuda.synchronize`` for a CUDA device; nothing to wait for on a CPU."""
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
 def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -119,7 +114,3 @@ def summarize_profile(averages: Iterable, steps: int, on_cuda: bool) -> dict[str
         "h2d_pageable": pageable / steps,
         "d2h_copies": d2h / steps,
     }
-
-
-def median_ms(seconds: list[float]) -> float:
-    return 1e3 * statistics.median(seconds)

@@ -6,27 +6,21 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from ..kernels.blocks import cdiv
 from ..sampling_params import SamplingParams
 from .decode import decode_speeds
-from .decode_steps import (
-    decode_step_times,
-    device_sync,
-    median_ms,
-    profile_decode_steps,
-    random_prompts,
-    start_decodes,
-)
+from .decode_steps import decode_step_times, profile_decode_steps, random_prompts, start_decodes
 from .gpu_report import Report, Section
 from .gpu_setup import ENGINES, ShapeModels, Sizes, label
-from .gpu_throughput import measure_throughput
 from .hf_peer import hf_generate
 from .model_shapes import SHAPES
 from .roofline import decode_bytes_per_token
+from .throughput import Workload, make_workload, run_engine, run_hf_static
+from .timing import device_sync
 
 SECTIONS = ("bandwidth", "decode", "profile", "sweep", "throughput", "spec")
 DEFAULT_SHAPES = ("smollm2-1.7b", "smollm2-135m")
@@ -41,22 +35,6 @@ BUDGET_S = {
 }
 SPEC_RESERVE_S = 45  # kept for the speculative rows (run last) when the shapes' sections near the time limit
 LOAD_S_PER_GB = 6  # added to the budgets of the sections that write or load a shape's weights
-
-
-def measure_copy_bandwidth(device: str, nbytes: int, repeats: int) -> dict:
-    """Bytes read + written per second by ``dst.copy_(src)`` on ``device`` (median of ``repeats``)."""
-    sync = device_sync(device)
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(repeats + 2):  # two warm-ups: page faults, the copy kernel's first launch
-        sync()
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return {"bytes": nbytes, "repeats": repeats, "copy_GBps": 2 * nbytes / statistics.median(times) / 1e9}
 
 
 def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: Section) -> None:
@@ -120,7 +98,7 @@ def _steady_steps(models: ShapeModels, kind: str, batch: int, profile: bool) -> 
     steps = s.warmup_steps + s.timed_steps + (s.profiled_steps if profile else 0)
     ids = start_decodes(engine, batch, s.step_prompt, max_tokens=steps + 2, seed=batch)
     decode_step_times(engine, s.warmup_steps, batch, sync)
-    step_ms = median_ms(decode_step_times(engine, s.timed_steps, batch, sync))
+    step_ms = 1e3 * statistics.median(decode_step_times(engine, s.timed_steps, batch, sync))
     row = {"engine": kind, "batch": batch}
     if profile:
         counts = profile_decode_steps(engine, s.profiled_steps, batch, models.device)
@@ -162,6 +140,43 @@ def measure_sweep(models: ShapeModels, section: Section) -> None:
     for kind in ENGINES:
         for batch in batches:
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
+
+
+def nano_vllm_workload(sizes: Sizes, vocab_size: int) -> Workload:
+    """nano-vllm's offline workload at ``sizes``: random token ids below min(10,000, vocab), seed 0."""
+    return make_workload(
+        None, sizes.requests, sizes.prompt_lens, sizes.output_lens, 0, min(10_000, vocab_size)
+    )
+
+
+def measure_throughput(models: ShapeModels, section: Section) -> None:
+    """The workload through this engine (CUDA graphs) and through HF static batches, as ``bench throughput``
+    runs them, HF's batches cut where the section's time runs out."""
+    s, device, sync = models.sizes, models.device, device_sync(models.device)
+    workload = nano_vllm_workload(s, models.shape.vocab_size)
+    (lo_in, hi_in), (lo_out, hi_out) = s.prompt_lens, s.output_lens
+    section.out["workload"] = {
+        "description": f"nano-vllm's workload: random token ids, prompt lengths uniform in [{lo_in}, "
+        f"{hi_in}], output lengths uniform in [{lo_out}, {hi_out}] (seed 0), greedy, EOS ignored",
+        "requests": len(workload.prompts),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+    }
+    models.release("eager")  # room for HF's static batches
+    llm = models.llm("graphs")
+    warm_up = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate(random_prompts(2, 16, models.shape.vocab_size, seed=7), warm_up, use_tqdm=False)
+    ours = run_engine(llm, workload, label("graphs", device) + f", max_num_seqs={models.max_num_seqs}", sync)
+    hf_generate(models.hf(), torch.ones(2, 4, dtype=torch.long, device=device), 2)  # warm-up
+    hf = run_hf_static(models.hf(), workload, s.hf_batch, 0, sync, section.seconds_left)
+    batches = f"the first {cdiv(hf.requests, s.hf_batch)} of {cdiv(len(workload.prompts), s.hf_batch)}"
+    hf_label = f"{hf.name} in arrival order (left-padded, unsorted): {batches}"
+    section.out["rows"] = [
+        {"engine": engine, "label": name, "requests": r.requests, "output_tokens": r.output_tokens,
+         "wall_s": r.wall_s, "output_tok_s": r.output_tokens_per_s}
+        for engine, name, r in (("graphs", ours.name, ours), ("hf", hf_label, hf))
+    ]  # fmt: skip
+    section.out["ratio_vs_hf"] = ours.output_tokens_per_s / hf.output_tokens_per_s
 
 
 def bench_shape(

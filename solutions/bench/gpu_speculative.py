@@ -10,9 +10,9 @@ from ..llm import LLM
 from ..model import loader
 from ..sampling_params import SamplingParams
 from ..speculative.eagle import SPEC_DIR
-from .decode_steps import device_sync
 from .gpu_report import Section, SectionSkipped
 from .gpu_setup import CPU_KV_CACHE_BYTES, Sizes
+from .timing import device_sync
 
 
 def step_breakdown(llm: LLM, prompt: list[int], params: SamplingParams, sync: Callable[[], None]) -> dict:

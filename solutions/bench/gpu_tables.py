@@ -61,7 +61,7 @@ def _bandwidth(s: dict) -> list[str]:
         return []
     return [
         f"Copy bandwidth: {_num(s['copy_GBps'], 0)} GB/s (device-to-device copy of a "
-        f"{s['bytes'] / 2**30:.2f} GiB buffer, bytes read + written, median of {s['repeats']})"
+        f"{s['bytes'] / 2**30:.2f} GiB buffer, bytes read + written, {s['timer']})"
     ]
 
 

@@ -16,7 +16,8 @@ from ..kernels.store_kv import store_kv
 from ..model.config import ModelConfig
 from ..model.layer_ops import triton_layer_ops
 from ..model.llama import PLAIN_OPS, DecoderLayer
-from .paged_attention import device_median_ms, graphed
+from .paged_attention import graphed
+from .timing import median_ms
 
 # (hidden, query heads, KV heads, head dim, intermediate)
 SHAPES = {"135M": (576, 9, 3, 64, 1536), "1.7B": (2048, 32, 32, 64, 8192)}
@@ -74,8 +75,8 @@ def op_rows(
     for name, shape in shapes.items():
         for tokens in token_counts:
             for op, (fused, plain, moved) in op_calls(shape, tokens, dtype, device).items():
-                fused_ms = device_median_ms(graphed(fused, device), device)
-                plain_ms = device_median_ms(graphed(plain, device), device)
+                fused_ms = median_ms(graphed(fused, device), device, 3)
+                plain_ms = median_ms(graphed(plain, device), device, 3)
                 gbps = moved / (fused_ms * 1e-3) / 1e9
                 rows.append(
                     f"{name:5s} {tokens:7d}  {op:14s} {fused_ms * 1e3:9.1f} {plain_ms * 1e3:9.1f} "
@@ -178,7 +179,7 @@ def layer_rows(
                     module.ops = ops
                 # The first eager call tunes the attention for this shape, before any graph is captured.
                 kernels = count_kernels(run) if device.type == "cuda" else None
-                ms = device_median_ms(graphed(run, device), device)
+                ms = median_ms(graphed(run, device), device, 3)
                 met = None if kernels is None or ops is PLAIN_OPS else kernels <= LAUNCH_GOAL
                 rows.append(
                     f"{name:5s} {batch:6d}  {ops.name:7s} {ms * 1e3:9.1f} {kernels or '-':>8}  "

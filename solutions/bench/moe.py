@@ -5,7 +5,6 @@ the same active parameters), and the GPU table of the grouped Triton kernel agai
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from ..kernels.moe_gemm import fused_moe, fused_moe_triton, moe_per_expert_loop
 from ..model.moe_router import route
 from .machine import machine_name
+from .timing import median_ms, timer_name
 
 NUM_EXPERTS, TOP_K = 8, 2
 GPU_SHAPES = [(4096, 14336), (2048, 1408), (1024, 2816)]  # (H, I): Mixtral-8x7B's experts, two small ones
@@ -62,23 +62,13 @@ def runners(layer: dict[str, torch.Tensor], grouped: Callable[..., torch.Tensor]
     }
 
 
-def median_ms(fn: Callable[[], object], device: str) -> float:
-    if device == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=100)
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def kernel_table(shapes: list[tuple[int, int]], tokens: int, device: str) -> list[str]:
     """The grouped Triton kernel vs the loop vs the dense FFN, bfloat16, at each (H, I): ms, TFLOP/s, ratio
     to the loop beside the goal. On a CPU (``--smoke``) it runs through the interpreter: a check, not a
     timing."""
     name = torch.cuda.get_device_name() if device == "cuda" else f"{machine_name('cpu')} (Triton interpreter)"
     lines = [f"{name}, bf16, {NUM_EXPERTS} experts, top-{TOP_K}, {tokens} tokens; "
-             f"{'median of triton.testing.do_bench' if device == 'cuda' else 'one run each'}"]  # fmt: skip
+             f"{timer_name(device, 3)}"]  # fmt: skip
     lines.append(f"{'H x I':<14}{'impl':<26}{'ms':>9}{'TFLOP/s':>9}{'vs loop':>9}   max rel. err vs loop")
     verdicts = []
     for hidden, width in shapes:
@@ -88,7 +78,7 @@ def kernel_table(shapes: list[tuple[int, int]], tokens: int, device: str) -> lis
         with torch.inference_mode():
             loop_out = fns["per-expert loop"](x).float()
             grouped_out = fns["grouped (engine path)"](x).float()  # the first call autotunes
-            ms = {impl: median_ms(lambda fn=fn, x=x: fn(x), device) for impl, fn in fns.items()}
+            ms = {impl: median_ms(lambda fn=fn, x=x: fn(x), device, 3) for impl, fn in fns.items()}
         err = (grouped_out - loop_out).abs().max() / loop_out.abs().max()
         work = 2 * tokens * TOP_K * 3 * hidden * width
         for impl, t in ms.items():

@@ -20,6 +20,7 @@ from ..engine.scheduler import SchedulerOutput
 from ..llm import LLM
 from ..sampling_params import SamplingParams
 from .throughput import Workload
+from .timing import percentile
 
 
 def poisson_arrival_offsets(num_requests: int, rate: float, seed: int = 0) -> list[float]:
@@ -110,17 +111,6 @@ class LatencySummary:
             tpot_p99=percentile(tpot, 99),
             output_tokens_per_s=sum(o.metrics.num_output_tokens for o in outputs) / wall_s,
         )
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile with linear interpolation (numpy's default)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass(frozen=True)

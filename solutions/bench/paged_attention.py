@@ -5,8 +5,6 @@ against SDPA, each launch graph-replayed as the engine runs it and timed by ``tr
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -22,6 +20,7 @@ from ..kernels.paged_attention import (
 )
 from ..kernels.reference import reference_attention
 from .machine import machine_name
+from .timing import bandwidth_gbps, median_ms
 
 COPY_BYTES = 1 << 30
 BANDWIDTH_GOAL = 0.6  # of copy bandwidth, at batch >= 16 and context >= 2048
@@ -40,20 +39,6 @@ def _require(device: torch.device) -> None:
         raise RuntimeError(NO_CUDA)
 
 
-def device_median_ms(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    fn()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
     """On CUDA, ``fn`` captured in a CUDA graph (after one eager call) and the graph's replay: what a decode
     step costs without Python's launch overhead. Elsewhere ``fn`` itself."""
@@ -70,16 +55,6 @@ def graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[]
         return out
 
     return replay
-
-
-def copy_bandwidth_gbps(num_bytes: int = COPY_BYTES, device: str | torch.device = "cuda") -> float:
-    """Device copy bandwidth: a ``num_bytes`` tensor copied on the device, read + write bytes per second
-    / 1e9."""
-    device = torch.device(device)
-    _require(device)
-    src = torch.empty(num_bytes // 2, device=device, dtype=torch.float16).normal_()
-    dst = torch.empty_like(src)
-    return 2 * num_bytes / (device_median_ms(lambda: dst.copy_(src), device) * 1e-3) / 1e9
 
 
 def random_paged_cache(
@@ -161,13 +136,13 @@ def decode_kernel_bandwidth(
     def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(dense_q, dense_k, dense_v, enable_gqa=True)
 
-    ms = device_median_ms(graphed(step, device), device)
-    eager_ms = device_median_ms(step, device)
-    sdpa_ms = device_median_ms(graphed(sdpa, device), device)
+    ms = median_ms(graphed(step, device), device, 3)
+    eager_ms = median_ms(step, device, 3)
+    sdpa_ms = median_ms(graphed(sdpa, device), device, 3)
     element = torch.finfo(dtype).bits // 8
     moved = (2 * batch * context * kv_heads * head_dim + 2 * batch * q_heads * head_dim) * element
     gbps = moved / (ms * 1e-3) / 1e9
-    copy_gbps = copy_gbps or copy_bandwidth_gbps(copy_bytes, device)
+    copy_gbps = copy_gbps or bandwidth_gbps(copy_bytes, device)
     config = _paged_decode_tuned.last_config if device.type == "cuda" else None
     return {
         "device": machine_name(device),
@@ -253,8 +228,8 @@ def prefill_kernel_tflops(
     theirs = sdpa().transpose(1, 2).reshape(q.shape).double()
     rel_err = ((ours().double() - theirs).norm() / theirs.norm()).item()
     work = num_seqs * flops(1, q_heads, seq_len, seq_len, head_dim, causal=True)
-    ours_tflops = work / (device_median_ms(ours, device) * 1e-3) / 1e12
-    sdpa_tflops = work / (device_median_ms(sdpa, device) * 1e-3) / 1e12
+    ours_tflops = work / (median_ms(ours, device, 3) * 1e-3) / 1e12
+    sdpa_tflops = work / (median_ms(sdpa, device, 3) * 1e-3) / 1e12
     return {
         "device": machine_name(device),
         "num_seqs": num_seqs,

@@ -3,27 +3,15 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import torch
 from torch import nn
+
+from .timing import bandwidth_gbps
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5, device: str = "cpu") -> float:
-    """Median bytes/s of summing a float32 buffer of ``nbytes`` (bigger than any cache by default)."""
-    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    buffer.sum()  # fault the pages in
-    times = []
-    for _ in range(repeats):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        buffer.sum()
-        if device != "cpu":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times)
+    """Bytes/s of summing a float32 buffer of ``nbytes`` (bigger than any cache by default):
+    ``timing.bandwidth_gbps`` with ``copy=False``."""
+    return 1e9 * bandwidth_gbps(nbytes, device, copy=False, repeats=repeats)
 
 
 def decode_bytes_per_token(model: nn.Module) -> int:

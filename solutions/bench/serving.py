@@ -21,6 +21,7 @@ import httpx
 
 from ..llm import LLM
 from ..sampling_params import SamplingParams
+from .timing import percentile
 
 PROMPT_FILE = Path(__file__).resolve().parents[2] / "data" / "prompts" / "serving_prompts.txt"
 DEFAULT_SLOS_MS = {"ttft": 5000.0, "tpot": 500.0}
@@ -139,14 +140,10 @@ def _stats(values: list[float]) -> dict[str, float]:
     """Mean, median and p99 in milliseconds (vLLM's percentile: linear interpolation)."""
     if not values:
         return {"mean_ms": float("nan"), "median_ms": float("nan"), "p99_ms": float("nan")}
-    ordered = sorted(values)
-    rank = 0.99 * (len(ordered) - 1)
-    low = math.floor(rank)
-    p99 = ordered[low] + (ordered[min(low + 1, len(ordered) - 1)] - ordered[low]) * (rank - low)
     return {
         "mean_ms": 1e3 * statistics.fmean(values),
         "median_ms": 1e3 * statistics.median(values),
-        "p99_ms": 1e3 * p99,
+        "p99_ms": 1e3 * percentile(values, 99),
     }
 
 

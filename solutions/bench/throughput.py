@@ -9,9 +9,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,20 +42,25 @@ class Workload:
 
 
 def make_workload(
-    tokenizer: TextTokenizer,
+    tokenizer: TextTokenizer | None,
     num_requests: int,
     prompt_lens: tuple[int, int] = (16, 512),
     output_lens: tuple[int, int] = (16, 256),
     seed: int = 0,
+    vocab_size: int = 10_000,
 ) -> Workload:
-    """Random lengths, uniform in each range; each prompt is a window of real text of its length."""
+    """Random lengths, uniform in each range; each prompt is a window of real text of its length or, without a
+    ``tokenizer``, random token ids below ``vocab_size`` (nano-vllm's benchmark draws them below 10,000)."""
     rng = random.Random(seed)
-    text_ids = tokenizer.encode(TEXT.read_text())
+    text_ids = None if tokenizer is None else tokenizer.encode(TEXT.read_text())
     prompts, outs = [], []
     for _ in range(num_requests):
         length = rng.randint(*prompt_lens)
-        start = rng.randrange(len(text_ids) - length)
-        prompts.append(text_ids[start : start + length])
+        if text_ids is None:
+            prompts.append([rng.randrange(vocab_size) for _ in range(length)])
+        else:
+            start = rng.randrange(len(text_ids) - length)
+            prompts.append(text_ids[start : start + length])
         outs.append(rng.randint(*output_lens))
     return Workload(prompts, outs)
 
@@ -65,6 +71,7 @@ class Throughput:
     wall_s: float
     prompt_tokens: int
     output_tokens: int
+    requests: int
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -75,34 +82,63 @@ class Throughput:
         return (self.prompt_tokens + self.output_tokens) / self.wall_s
 
 
-def run_engine(llm: LLM, workload: Workload, name: str = "fast-mode engine", **sampling: Any) -> Throughput:
-    """Greedy unless ``sampling`` gives other ``SamplingParams`` fields
-    (request ``i`` is then seeded ``i``)."""
+def run_engine(
+    llm: LLM,
+    workload: Workload,
+    name: str = "fast-mode engine",
+    sync: Callable[[], None] = lambda: None,
+    **sampling,
+) -> Throughput:
+    """Greedy unless ``sampling`` gives other ``SamplingParams`` fields (request ``i`` is then seeded ``i``);
+    ``sync`` waits for the device at both ends of the timing."""
     params = [
         SamplingParams(
             max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
         )
         for i, n in enumerate(workload.output_lens)
     ]
+    sync()
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+    sync()
     wall = time.perf_counter() - start
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert produced == workload.num_output_tokens, "every request must produce exactly its output length"
-    return Throughput(name, wall, workload.num_prompt_tokens, produced)
+    if produced != workload.num_output_tokens:
+        raise RuntimeError(
+            f"the engine produced {produced} tokens, the workload asks for {workload.num_output_tokens}"
+        )
+    return Throughput(name, wall, workload.num_prompt_tokens, produced, len(outputs))
 
 
-def run_hf_static(model: PreTrainedModel, workload: Workload, batch_size: int, pad_id: int) -> Throughput:
-    """Padded static batches in arrival order: a batch holds its slots until its longest request is done."""
-    start = time.perf_counter()
-    for first in range(0, len(workload.prompts), batch_size):
-        prompts = workload.prompts[first : first + batch_size]
-        longest_out = max(workload.output_lens[first : first + batch_size])
-        ids, mask = left_padded(prompts, pad_id)
-        hf_generate(model, ids, longest_out, mask, pad_id)
-    wall = time.perf_counter() - start
-    return Throughput(f"HF generate, static batches of {batch_size}", wall, workload.num_prompt_tokens,
-                      workload.num_output_tokens)  # fmt: skip
+def run_hf_static(
+    model: PreTrainedModel,
+    workload: Workload,
+    batch_size: int,
+    pad_id: int,
+    sync: Callable[[], None] = lambda: None,
+    seconds_left: Callable[[], float] | None = None,
+) -> Throughput:
+    """Padded static batches in arrival order: a batch holds its slots until its longest request is done, so
+    only the requested tokens count. With ``seconds_left``, batches stop (after the first) when the next one
+    would not fit in the time left; the figures are then those of the batches run."""
+    done = prompt_tokens = useful = 0
+    wall = last = 0.0
+    while done < len(workload.prompts) and (seconds_left is None or done == 0 or seconds_left() > 1.5 * last):
+        prompts = workload.prompts[done : done + batch_size]
+        wanted = workload.output_lens[done : done + batch_size]
+        ids, mask = left_padded(prompts, pad_id, next(model.parameters()).device)
+        sync()
+        start = time.perf_counter()
+        hf_generate(model, ids, max(wanted), mask, pad_id)
+        sync()
+        last = time.perf_counter() - start
+        done, prompt_tokens, useful, wall = (
+            done + len(prompts),
+            prompt_tokens + int(mask.sum()),
+            useful + sum(wanted),
+            wall + last,
+        )
+    return Throughput(f"HF generate, static batches of {batch_size}", wall, prompt_tokens, useful, done)
 
 
 def compute_ceiling_tokens_per_s(

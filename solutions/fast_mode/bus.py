@@ -17,7 +17,8 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from ..bench.online import percentile, poisson_arrival_offsets
+from ..bench.online import poisson_arrival_offsets
+from ..bench.timing import percentile
 from ..cache.kv_cache_manager import KVCacheManager
 from ..engine.request import Request, RequestGroup
 from ..engine.scheduler import Scheduler

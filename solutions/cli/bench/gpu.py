@@ -26,11 +26,12 @@ from pathlib import Path
 
 import torch
 
-from ...bench.gpu import BUDGET_S, DEFAULT_SHAPES, SECTIONS, bench_shape, measure_copy_bandwidth
+from ...bench.gpu import BUDGET_S, DEFAULT_SHAPES, SECTIONS, bench_shape
 from ...bench.gpu_report import Report, run_header
 from ...bench.gpu_setup import FULL, QUICK
 from ...bench.gpu_speculative import measure_speculative
 from ...bench.model_shapes import SHAPES
+from ...bench.timing import bandwidth_gbps, timer_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "bandwidth" in args.sections:
         copy = lambda sec: sec.out.update(
-            measure_copy_bandwidth(device, sizes.copy_bytes, sizes.copy_repeats)
+            bytes=sizes.copy_bytes,
+            timer=timer_name(device, sizes.copy_repeats),
+            copy_GBps=bandwidth_gbps(sizes.copy_bytes, device, repeats=sizes.copy_repeats),
         )
         report.section(report.data, "bandwidth", BUDGET_S["bandwidth"], copy)
     for name in shapes if set(args.sections) & {"decode", "profile", "sweep", "throughput"} else []:

@@ -11,7 +11,7 @@ Goal (one row): the kernel reads its weights at >= 60% of copy bandwidth. The la
 decoder layer's four products: bfloat16 time / INT4 time, the share of the end-to-end goal (INT4 decode
 >= 2.5x bfloat16, both with CUDA graphs) that the matrix products alone can deliver.
 
-Times are medians of ``triton.testing.do_bench`` (an L2 flush before each repeat). ``--smoke`` runs a toy
+Times are ``timing.median_ms`` (on a GPU, medians of ``triton.testing.do_bench``). ``--smoke`` runs a toy
 shape through whatever device is there (the Triton interpreter on a CPU): it checks the script, its
 figures mean nothing.
 """
@@ -19,16 +19,13 @@ figures mean nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ...bench.gpu import measure_copy_bandwidth
 from ...bench.machine import machine_name
 from ...bench.model_shapes import SHAPES, ModelShape
+from ...bench.timing import bandwidth_gbps, median_ms
 from ...kernels.awq_gemm import awq_gemm
 from ...quant.pack import pack_int4
 from ...quant.rtn import GroupQuantized, quantize
@@ -48,19 +45,6 @@ def weight_shapes(shape: ModelShape) -> list[tuple[str, int, int]]:
         ("down", h, shape.intermediate_size),
         ("lm_head", shape.vocab_size, h),
     ]
-
-
-def median_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
-    if device == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=10, rep=50)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def measure(name: str, n: int, k: int, rows: int, group_size: int, device: str, repeats: int) -> dict:
@@ -139,15 +123,19 @@ def main(argv: list[str] | None = None) -> int:
         print("bench int4 times the W4A16 Triton kernels on a GPU; none here (--smoke: a toy shape on a CPU)")
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = SHAPES["tiny" if args.smoke else args.shape]
-    copy = measure_copy_bandwidth(device, 1 << (24 if args.smoke else 30), 3 if args.smoke else 10)
-    copy_gbps = copy["copy_GBps"]
-    repeats = 1 if args.smoke else 5
-    results = [
-        measure(name, n, k, rows, args.group_size, device, repeats)
-        for name, n, k in weight_shapes(shape)
-        for rows in args.rows
-    ]
-    machine = f"{machine_name(device)}, {shape.name} shapes, torch {torch.__version__}"
-    print("\n".join(report(results, copy_gbps, machine)))
+    print("\n".join(table(SHAPES["tiny" if args.smoke else args.shape], args.rows, args.group_size, device)))
     return 0
+
+
+def table(shape: ModelShape, rows: list[int], group_size: int, device: str) -> list[str]:
+    """The report of every product of ``shape`` at each of ``rows`` (``bench quant`` prints it too)."""
+    copy_gbps = bandwidth_gbps(1 << 30 if device == "cuda" else 1 << 24, device, repeats=3)
+    repeats = 5 if device == "cuda" else 1
+    results = [
+        measure(name, n, k, r, group_size, device, repeats)
+        for name, n, k in weight_shapes(shape)
+        for r in rows
+    ]
+    return report(
+        results, copy_gbps, f"{machine_name(device)}, {shape.name} shapes, torch {torch.__version__}"
+    )

@@ -20,7 +20,7 @@ import torch
 
 from ...bench.kernels import LAUNCH_GOAL, SHAPES, layer_rows, op_rows
 from ...bench.machine import machine_name
-from ...bench.paged_attention import copy_bandwidth_gbps
+from ...bench.timing import bandwidth_gbps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shapes, tokens, batches, context = SHAPES, args.tokens, args.batches, args.context
     dtype = torch.bfloat16
-    copy_gbps = copy_bandwidth_gbps(1 << 30 if on_gpu else 1 << 20, device)
+    copy_gbps = bandwidth_gbps(1 << 30 if on_gpu else 1 << 20, device)
     ops = op_rows(shapes, tokens, dtype, device, copy_gbps)
     layers = layer_rows(shapes, batches, context, dtype, device)
     if args.smoke:

@@ -30,10 +30,10 @@ from ...bench.paged_attention import (
     LATENCY_GOAL,
     NO_CUDA,
     PREFILL_GOAL,
-    copy_bandwidth_gbps,
     decode_rows,
     prefill_rows,
 )
+from ...bench.timing import bandwidth_gbps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         head_shapes, batches, contexts = HEAD_SHAPES, args.batches, args.contexts
         prefill_shapes, prefill_seqs, prefill_len = [(9, 3, 64), (32, 8, 128)], 4, 2048
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    copy_gbps = copy_bandwidth_gbps(COPY_BYTES if device.type == "cuda" else 1 << 20, device)
+    copy_gbps = bandwidth_gbps(COPY_BYTES if device.type == "cuda" else 1 << 20, device)
     decode = decode_rows(head_shapes, batches, contexts, device, copy_gbps)
     prefill = prefill_rows(prefill_shapes, prefill_seqs, prefill_len, device)
     if args.smoke:

@@ -8,8 +8,8 @@ installed, llama.cpp on the same Q4_1 file joins as a peer. The AWQ engine's dec
 as ``bench decode`` does it (``step_split``: matrix products, attention, elementwise, sampler, Python/other;
 its layers compiled whole, ``quant/cpu_int4_layer.py``, are one part, and the same engine with its layers
 run module by module is timed beside it).
-On a CUDA machine a last table times the Triton W4A16 GEMV against a float16 matrix-vector product for each
-of the model's weight shapes.
+On a CUDA machine a last table times the Triton W4A16 GEMV against a bfloat16 one for each of the model's
+weight shapes (``bench int4``'s table at one row).
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ import torch
 
 from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner, modules_run
 from ...bench.machine import machine_name
+from ...bench.model_shapes import SHAPES
 from ...bench.step_split import linear_seconds, measure_step_split, split_lines
-from ...kernels.awq_gemm import awq_gemm
 from ...llm import LLM
 from ...paths import DATA_DIR
 from ...quant.model import weight_bytes
-from ...quant.pack import pack_int4
 from ...quant.perplexity import perplexity
-from ...quant.rtn import quantize
 from ...sampling_params import SamplingParams
+from . import int4
 
 TEXT_DIR = DATA_DIR / "text"
 # Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
@@ -38,28 +37,6 @@ EVAL_TEXTS = {
     "Python code": TEXT_DIR / "eval_python_code.txt",
 }
 SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
-
-
-def _gpu_table(w_bit: int, group_size: int) -> None:
-    """Triton W4A16 GEMV vs a float16 GEMV at batch 1, per weight shape of the model (CUDA only)."""
-    import triton
-
-    print(f"\nGPU ({torch.cuda.get_device_name()}), batch-1 GEMV, median of triton.testing.do_bench:")
-    print(f"{'shape N x K':<16}{'fp16 us':>10}{'W4A16 us':>10}{'speed-up':>10}{'W4A16 GB/s':>12}")
-    for n, k in [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (14336, 4096)]:
-        weight = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        x = torch.randn(1, k, device="cuda", dtype=torch.float16)
-        g = quantize(weight, w_bit, group_size)
-        qweight, scales = pack_int4(g.q), g.scales.half()
-        fp16 = triton.testing.do_bench(lambda x=x, weight=weight: x @ weight.T)
-        w4 = triton.testing.do_bench(
-            lambda x=x, g=g, q=qweight, s=scales: awq_gemm(x, q, s, g.zeros, group_size)
-        )
-        nbytes = qweight.nbytes + scales.nbytes + g.zeros.nbytes
-        print(
-            f"{f'{n} x {k}':<16}{fp16 * 1e3:>10.1f}{w4 * 1e3:>10.1f}"
-            f"{fp16 / w4:>9.2f}x{nbytes / w4 / 1e6:>12.0f}"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         f"the INT4 linears alone read {nbytes / awq_linears_s / 1e9:.1f} GB/s of packed weights; "
         f"step {step / awq_linears_s:.2f}x its matrix products alone"
     )
-    if torch.cuda.is_available():
-        _gpu_table(args.w_bit, args.group_size)
+    if torch.cuda.is_available():  # the W4A16 kernel against a dense GEMV, this model's shapes at batch 1
+        print("\n" + "\n".join(int4.table(SHAPES["smollm2-135m"], [1], args.group_size, "cuda")))
     return 0
