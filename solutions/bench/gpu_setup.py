@@ -50,22 +50,15 @@ class Sizes:
     spec_tokens: int
 
 
-FULL = Sizes(
-    copy_bytes=2 << 30, copy_repeats=10,
-    decode_prompt=32, decode_tokens=128, decode_repeats=3,
-    step_prompt=128, warmup_steps=3, timed_steps=20, profiled_steps=10, profile_batches=(1, 64),
-    sweep_max_batch=256,
-    requests=256, prompt_lens=(100, 1024), output_lens=(100, 1024), hf_batch=64,
-    spec_prompts=4, spec_tokens=96,
-)  # fmt: skip
-QUICK = Sizes(
-    copy_bytes=64 << 20, copy_repeats=3,
-    decode_prompt=8, decode_tokens=16, decode_repeats=2,
-    step_prompt=16, warmup_steps=2, timed_steps=5, profiled_steps=3, profile_batches=(1, 4),
-    sweep_max_batch=8,
-    requests=16, prompt_lens=(8, 48), output_lens=(8, 48), hf_batch=8,
-    spec_prompts=1, spec_tokens=16,
-)  # fmt: skip
+PRESETS = {  # field: (FULL, QUICK), side by side
+    "copy_bytes": (2 << 30, 64 << 20), "copy_repeats": (10, 3),
+    "decode_prompt": (32, 8), "decode_tokens": (128, 16), "decode_repeats": (3, 2),
+    "step_prompt": (128, 16), "warmup_steps": (3, 2), "timed_steps": (20, 5), "profiled_steps": (10, 3),
+    "profile_batches": ((1, 64), (1, 4)), "sweep_max_batch": (256, 8),
+    "requests": (256, 16), "prompt_lens": ((100, 1024), (8, 48)), "output_lens": ((100, 1024), (8, 48)),
+    "hf_batch": (64, 8), "spec_prompts": (4, 1), "spec_tokens": (96, 16),
+}  # fmt: skip
+FULL, QUICK = (Sizes(**{field: pair[i] for field, pair in PRESETS.items()}) for i in (0, 1))
 
 
 def label(kind: str, device: str) -> str:
