@@ -70,6 +70,30 @@ def test_route_computes_in_float32_and_names_bad_k(load):
 
 
 @pytest.mark.lab5
+def test_route_on_bfloat16_logits_ranks_and_weighs_as_float32_does(load):
+    """A bfloat16 model's router gives bfloat16 logits. Close experts (logits within a few hundredths) are
+    ranked and weighed by their float32 probabilities: a softmax taken in bfloat16 and cast afterwards rounds
+    the probabilities to 8 bits of mantissa first, so near-ties swap and the weights are off by about 0.3%."""
+    router = load("model.moe_router")
+    gen = torch.Generator().manual_seed(12)
+    logits = (torch.randn(512, 8, generator=gen) * 0.3).to(torch.bfloat16)
+    logits = logits[torch.tensor([len(set(row)) == 8 for row in logits.tolist()])]  # no exact ties
+    routing = router.route(logits, top_k=2)
+    probs = torch.softmax(logits.double(), dim=-1)
+    weights, experts = probs.topk(2, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    swapped = int((routing.experts != experts).any(-1).sum())
+    weight_err = float(((routing.weights.double() - weights).abs() / weights).max())
+    prob_err = float(((routing.probs.double() - probs).abs() / probs).max())
+    assert swapped == 0 and weight_err < 1e-5 and prob_err < 1e-5, (
+        f"route on {len(logits)} tokens of bfloat16 logits: {swapped} tokens got other experts than their "
+        f"float32 probabilities rank first, weights off by up to {weight_err:.2%}, probs by {prob_err:.2%}. "
+        "Likely: the softmax or the top-k computed in bfloat16 (the logits' own dtype) and cast afterwards: "
+        "compute the softmax and the top-k in float32 (router_logits.float()) and keep the result float32"
+    )
+
+
+@pytest.mark.lab5
 def test_balance_loss_against_hand_computed_values(load):
     router = load("model.moe_router")
     # 4 tokens, 2 experts, top-1: experts [0, 0, 0, 1] -> f = [3/4, 1/4]
