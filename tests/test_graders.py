@@ -61,21 +61,24 @@ def grade(root: Path, lab: str, *pytest_args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def write_lab(scratch):
-    """``write_lab(lab, rel, old, new)``: every labs/ file of ``lab`` solved, and in ``rel`` ``old`` replaced
-    by ``new`` (it must occur once); all of them are back to their unwritten holes after the test."""
+    """``write_lab(lab, rel, old, new, more=((rel, old, new), ...))``: every labs/ file of ``lab`` solved, and
+    in ``rel`` ``old`` replaced by ``new`` (it must occur once), as in each of ``more``; all of them are back
+    to their unwritten holes after the test."""
     files = {h.path.removeprefix("solutions/") for h in make_labs.all_holes()}
     written: list[str] = []
 
-    def write(lab: str, rel: str, old: str = "", new: str = "") -> None:
+    def write(lab: str, rel: str = "", old: str = "", new: str = "", more: tuple = ()) -> None:
+        changes = [(rel, old, new), *more]  # more: further (rel, old, new) mistakes, each in its own function
         for other in sorted(
             f for f in files if labs_file(scratch, f, frozenset({lab})) != labs_file(scratch, f)
         ):
             text = labs_file(scratch, other, frozenset({lab}))
-            if other == rel and old:
-                assert text.count(old) == 1, (
-                    f"the planted mistake no longer matches the reference code: {old!r}"
-                )
-                text = text.replace(old, new)
+            for path, before, after in changes:
+                if other == path and before:
+                    assert text.count(before) == 1, (
+                        f"the planted mistake no longer matches the reference code: {before!r}"
+                    )
+                    text = text.replace(before, after)
             (scratch / "labs" / other).write_text(text)
             written.append(other)
 

@@ -235,6 +235,29 @@ def test_permutation_invariants_on_random_routings(load, tokens, num_experts, to
 
 
 @pytest.mark.lab5
+def test_permutation_reads_no_value_back_to_the_host(load):
+    """The fused MoE layer replays in a CUDA graph, which records no host sync: permute must size everything
+    from the shapes alone. On the meta device, which holds shapes and no values, such code runs; code that
+    reads a value back (bincount sizes its output by the largest id; .item(), .tolist()) cannot."""
+    permute_mod = load("kernels.moe_permute")
+    experts = torch.zeros(37, 2, dtype=torch.int64, device="meta")
+    try:
+        result = permute_mod.permute(experts, 5, 4)
+    except (NotImplementedError, RuntimeError) as error:
+        raise AssertionError(
+            f"permute needs the values of the expert ids, not only their shape (on the meta device: "
+            f"{str(error).splitlines()[0][:120]}). Likely: torch.bincount, which reads the largest id back "
+            "to the host to size its output (a sync a CUDA graph cannot record): count with index_add_ into "
+            "torch.zeros(num_experts)"
+        ) from None
+    rows = -(-(37 * 2 + 5 * 3) // 4) * 4
+    assert tuple(result.sorted_ids.shape) == (rows,) and tuple(result.block_experts.shape) == (rows // 4,), (
+        f"sorted_ids {tuple(result.sorted_ids.shape)}, block_experts {tuple(result.block_experts.shape)}: "
+        f"sized for the worst case, {rows} rows in {rows // 4} blocks"
+    )
+
+
+@pytest.mark.lab5
 def test_permutation_with_an_empty_expert_and_one_taking_all(load):
     permute = load("kernels.moe_permute")
     experts = torch.full((13, 1), 3)
