@@ -286,7 +286,8 @@ def test_rows_that_see_no_key_come_out_zero(fa):
     bad = int((~torch.isfinite(out)).sum())
     assert bad == 0, (
         f"{bad} of {out.numel()} outputs are NaN for causal 20 queries over 5 keys, where rows 0-14 see no "
-        "key. Likely: _online_softmax_step lacks the -inf guard: a row whose every score so far is -inf has "
-        "m_new = -inf and exp2(-inf - -inf) = NaN; subtract 0 where m_new is -inf (tl.where)"
+        "key. Likely: _online_softmax_step lacks the -inf guard in one of its exponents: a row whose every "
+        "score so far is -inf has m_new = -inf, and exp2(-inf - -inf) is NaN; both p = exp2(s - m) and the "
+        "rescale alpha = exp2(m_i - m) must subtract m_safe (0 where m_new is -inf, tl.where)"
     )
     expect_close(out, reference(q, k, v, True), 1e-5, "causal, 20 queries over 5 keys", "rows 0-14 output 0")

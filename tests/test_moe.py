@@ -86,10 +86,9 @@ def test_route_on_bfloat16_logits_ranks_and_weighs_as_float32_does(load):
     weight_err = float(((routing.weights.double() - weights).abs() / weights).max())
     prob_err = float(((routing.probs.double() - probs).abs() / probs).max())
     assert swapped == 0 and weight_err < 1e-5 and prob_err < 1e-5, (
-        f"route on {len(logits)} tokens of bfloat16 logits: {swapped} tokens got other experts than their "
-        f"float32 probabilities rank first, weights off by up to {weight_err:.2%}, probs by {prob_err:.2%}. "
-        "Likely: the softmax or the top-k computed in bfloat16 (the logits' own dtype) and cast afterwards: "
-        "compute the softmax and the top-k in float32 (router_logits.float()) and keep the result float32"
+        f"route on bfloat16 logits: compute the softmax and the top-k in float32 (router_logits.float()), "
+        f"not in the logits' bfloat16 with a cast afterwards: {swapped} of {len(logits)} tokens got other "
+        f"experts than float32 ranks first, weights off by up to {weight_err:.2%}, probs by {prob_err:.2%}"
     )
 
 

@@ -198,6 +198,18 @@ def test_a_request_that_drafted_fewer_keeps_its_bonus_token_from_p(load, determi
 
 
 @pytest.mark.lab4
+def test_tree_attention_mask_is_boolean(load):
+    """The engine's tree attention joins the mask to the context's visible columns and inverts it (~mask) to
+    build SDPA's additive mask: it must be a bool tensor, not 0/1 numbers."""
+    mask = load("speculative.tree").tree_attention_mask([-1, 0, 0, 1])
+    assert mask.dtype == torch.bool, (
+        f"tree_attention_mask returned {mask.dtype}: return a bool tensor "
+        "(torch.zeros(n, n, dtype=torch.bool)); a float mask compares equal to the right True/False, but "
+        "the engine's ~mask fails on it"
+    )
+
+
+@pytest.mark.lab4
 def test_tree_attention_mask_matches_a_hand_built_tree(load):
     tree = load("speculative.tree")
     #      root(0) ─ a(1) ─ c(3)
