@@ -76,6 +76,23 @@ def test_decref_rejects_double_free_and_foreign_blocks(allocator_module):
         expect_value_error(lambda foreign=foreign: allocator.decref(foreign), rf"{foreign}", why)
 
 
+def test_a_rejected_double_free_changes_nothing(allocator_module):
+    """The engine catches a double free and goes on (an aborted request freed twice): the ValueError must
+    leave the block as it was, held at 0, so that it can still be released and handed out once."""
+    allocator = allocator_module.BlockAllocator(3)
+    block = allocator.allocate()
+    allocator.decref(block)
+    with pytest.raises(ValueError):
+        allocator.decref(block)
+    count = allocator.ref_counts[block]
+    assert count == 0, (
+        f"after a rejected double free block {block}'s reference count is {count}, not 0: check the count "
+        "before you decrement it, so that a call that raises changes nothing"
+    )
+    allocator.release(block)
+    assert sorted(allocator.free_blocks()) == [1, 2], "the block goes back to the free list once"
+
+
 def test_decref_holds_a_block_until_it_is_released(allocator_module):
     allocator = allocator_module.BlockAllocator(3)
     block = allocator.allocate()
@@ -190,6 +207,32 @@ def test_write_at_a_block_boundary_after_fork_copies_nothing(manager_class):
         "blocks, shared, then one new block"
     )
     assert manager.take_copies() == [], "a new block needs no copy: nothing of the child's is in it yet"
+
+
+def test_forked_sequences_cache_their_own_blocks(manager_class):
+    """Parallel sampling (n > 1) with prefix caching on, as the engine runs it: after a fork, parent and
+    child grow different tokens, and each one's full blocks must be cached under its own chained keys."""
+    manager = manager_class(num_blocks=12, block_size=4, enable_prefix_caching=True)
+    parent = FakeRequest("p", list(range(6)))
+    assert manager.allocate_slots(parent, 6, manager.lookup_prefix(parent))
+    parent.num_computed = 6
+    manager.cache_full_blocks(parent)
+    child = FakeRequest("c", parent.token_ids, num_computed=6)
+    manager.fork(parent, child)
+    for request, tail in ((child, [100, 101]), (parent, [200, 201])):
+        request.token_ids += tail
+        assert manager.allocate_slots(request, 2), f"room for 2 more of {request.request_id}'s tokens"
+        request.num_computed = 8
+        manager.cache_full_blocks(request)
+    for request in (parent, child):
+        later = FakeRequest("later", [*request.token_ids, 9])
+        found = manager.lookup_prefix(later).num_tokens
+        assert found == 8, (
+            f"a new request starting with {request.request_id}'s 8 tokens finds {found} of them cached, "
+            "expected 8 (both of its full blocks). Likely: fork gave the child the parent's list of chained "
+            "keys itself, not a copy (list(self._keys[parent])): the child's new key went into the "
+            "parent's list, so the parent's second block looked cached already and was never registered"
+        )
 
 
 def test_free_returns_every_block_and_double_free_raises(manager_class):

@@ -39,6 +39,17 @@ CHAIN = dict(
     tau=2.0,
     draft_s=0.004,
 )
+# An INT4 format as a CPU runs it: a fifth of the bytes, but each extra row costs four times float32's
+# (torch's int4 kernel unpacks the weights again for every row).
+INT4 = dict(
+    name="int4",
+    engine_options={"quantization": "awq"},
+    weight_bytes=100e6,
+    linear_bandwidth=20e9,
+    step_overhead_s=0.005,
+    row_s=0.004,
+    prefill_tokens_per_s=350.0,
+)
 
 
 def check_predict_plain(planner) -> None:
@@ -91,6 +102,17 @@ def check_predict_ttft(planner) -> None:
         f"{want * 1e3:.1f} ms: the prompt's prefill (prompt_tokens / prefill_tokens_per_s) plus the step it "
         "joins, step_s(8)"
     )
+    int4, chain = planner.WeightFormat(**INT4), planner.Speculation(**CHAIN)
+    for fmt in (planner.WeightFormat(**FP32), int4):
+        p = planner.predict(fmt, chain, 2, 200)
+        want = 200 / fmt.prefill_tokens_per_s + fmt.step_s(2 * 4)
+        assert math.isclose(p.ttft_s, want, rel_tol=1e-9), (
+            f"TTFT {p.ttft_s * 1e3:.1f} ms for a 200-token prompt joining a batch of 2 that verifies "
+            f"chains of 3 on {fmt.name}, expected {want * 1e3:.1f} ms: the step in flight is the speculative "
+            "batch's verify pass, step_s(batch * verify_rows) = "
+            f"step_s(8) ({fmt.step_s(8) * 1e3:.1f} ms), not a plain decode "
+            f"step step_s(2) ({fmt.step_s(2) * 1e3:.1f} ms)"
+        )
 
 
 # ---------------------------------------------------------------- Lab 7: the choice, on made-up figures
@@ -145,6 +167,41 @@ def check_choice_honours_ttft(planner) -> None:
     )
     assert choice.max_num_seqs == 4, (
         f"chose batch cap {choice.max_num_seqs}; 4 is the largest whose TTFT fits"
+    )
+
+
+def check_choice_takes_each_formats_own_drafters(planner) -> None:
+    """EAGLE's head drafts in the target's dtype, so its tau is measured per weight format: on INT4 it accepts
+    fewer drafts. A drafter measured with float32 must not be priced on INT4."""
+    fp32 = planner.WeightFormat(**FP32)
+    int4 = planner.WeightFormat(**{**INT4, "row_s": 0.001})
+    on_fp32 = planner.Speculation(**CHAIN)  # tau 2.0
+    on_int4 = planner.Speculation(**{**CHAIN, "tau": 1.3})
+    profile = planner.MachineProfile(
+        "two formats", (fp32, int4), {"fp32": (on_fp32,), "int4": (on_int4,)}, (1, 2)
+    )
+    target = planner.LatencyTarget(per_user_tokens_per_s=110.0)
+    choice = planner.choose_fast_mode(target, profile)
+    assert choice.speculation in profile.drafters(choice.weight_format), (
+        f"chose {choice.describe()}: {choice.weight_format.name} with a drafter "
+        f"(tau {choice.speculation.tau}) "
+        f"that was measured with another weight format. Likely: the drafters of one format tried on every "
+        "format; a drafter's tau is measured with its own format: loop over profile.drafters(fmt) for each "
+        "fmt"
+    )
+    options = [
+        (f.name, s.tau, b, planner.predict(f, s, b, target.prompt_tokens).per_user_tokens_per_s)
+        for f in profile.formats
+        for s in profile.drafters(f)
+        for b in profile.batch_caps
+    ]
+    fastest = max(options, key=lambda o: o[3])
+    assert not choice.meets_target and math.isclose(
+        choice.predicted.per_user_tokens_per_s, fastest[3], rel_tol=1e-9
+    ), (
+        f"chose {choice.describe()}; with each format's own drafters nothing reaches 110 tok/s a user, and "
+        "the "
+        f"fastest is {fastest[0]} with tau {fastest[1]} at batch {fastest[2]} ({fastest[3]:.1f} tok/s)"
     )
 
 
@@ -326,6 +383,7 @@ HAND_CHECKS = [
     pytest.param(check_choice_is_the_cheapest_that_meets, id="choose-cheapest"),
     pytest.param(check_choice_honours_ttft, id="choose-ttft"),
     pytest.param(check_choice_when_nothing_meets, id="choose-none-meets"),
+    pytest.param(check_choice_takes_each_formats_own_drafters, id="choose-int4-own-drafters"),
 ]
 SCENARIOS = ["cpu-int4-beats-eagle-on-int4", "cpu-fp32-eagle", "h200-1.7b-batch", "h200-135m-batch"]
 
@@ -423,6 +481,31 @@ def _predict_ignoring_tau(planner):
     return predict
 
 
+def _predict_ttft_after_a_plain_step(planner):
+    def predict(fmt, speculation, batch, prompt_tokens):
+        step = fmt.step_s(batch * speculation.verify_rows)
+        per_user = speculation.tau / (step + speculation.draft_seconds(batch))
+        ttft = prompt_tokens / fmt.prefill_tokens_per_s + fmt.step_s(batch)
+        return planner.Prediction(step, per_user, batch * per_user, ttft)
+
+    return predict
+
+
+def _choose_with_the_first_formats_drafters(planner):
+    def choose(target, profile):
+        options = [
+            planner.FastModeConfig(b, f, s, p, p.per_user_tokens_per_s >= target.per_user_tokens_per_s)
+            for f in profile.formats
+            for s in profile.drafters(profile.formats[0])
+            for b in profile.batch_caps
+            for p in [planner.predict(f, s, b, target.prompt_tokens)]
+        ]
+        meeting = [c for c in options if c.meets_target]
+        return max(meeting or options, key=lambda c: c.predicted.aggregate_tokens_per_s)
+
+    return choose
+
+
 def _choose_fastest_for_everyone(planner):
     def choose(target, profile):
         options = [
@@ -508,6 +591,20 @@ def test_planted_mistakes_fail_against_measured_outcomes(mistake, function, scen
             check_choice_honours_ttft,
             "TTFT is within",
             id="ttft-ignored",
+        ),
+        pytest.param(
+            _predict_ttft_after_a_plain_step,
+            "predict",
+            check_predict_ttft,
+            "not a plain decode step",
+            id="ttft-after-a-plain-step",
+        ),
+        pytest.param(
+            _choose_with_the_first_formats_drafters,
+            "choose_fast_mode",
+            check_choice_takes_each_formats_own_drafters,
+            "profile.drafters\\(fmt\\)",
+            id="drafters-of-another-format",
         ),
     ],
 )

@@ -254,3 +254,40 @@ def test_an_engine_on_cuda_takes_torch_attention_for_a_head_dim_the_kernels_do_n
     assert backend_for_model("auto", cuda, 96) == "auto", (
         "an explicit $FASTMODE_ATTENTION is the user's choice"
     )
+
+
+def test_online_softmax_update_keeps_large_float32_scores_finite(fa):
+    """Scores near 120 in float32, as sharp attention heads give: exp(120) is about 1e52, past float32's
+    3.4e38, so every exponent must be taken relative to the running max, from the very first block on."""
+    gen = torch.Generator().manual_seed(9)
+    s = torch.randn(4, 24, generator=gen) * 3 + 120
+    v = torch.randn(24, 8, generator=gen)
+    m, denom, acc = torch.full((4,), float("-inf")), torch.zeros(4), torch.zeros(4, 8)
+    for start in range(0, 24, 8):
+        m, denom, acc = fa.online_softmax_update(m, denom, acc, s[:, start : start + 8], v[start : start + 8])
+    got = acc / denom[:, None]
+    finite = bool(torch.isfinite(got).all())
+    assert finite, (
+        "acc / denom is inf or NaN for float32 scores near 120. Likely: the first block's exponents were "
+        "taken against 0, not against its max: exp(120) overflows float32 (max 3.4e38). The -inf guard "
+        "replaces the NEW max m' = max(m, rowmax(s)) only where m' itself is -inf, not wherever the old m is"
+    )
+    err = (got.double() - torch.softmax(s.double(), -1) @ v.double()).abs().max().item()
+    assert err < 1e-5, f"acc / denom differs from softmax(s) @ v by {err:.3g} for float32 scores near 120"
+
+
+def test_rows_that_see_no_key_come_out_zero(fa):
+    """Causal with more queries than keys (20 over 5): rows 0-14 see no key at all, in every block, and must
+    output 0 (a softmax row with no mass); the kernel's own update needs the same -inf guard as the torch
+    one."""
+    q = torch.randn(1, 2, 20, 32, generator=torch.Generator().manual_seed(10))
+    k, v = torch.randn(2, 1, 2, 5, 32, generator=torch.Generator().manual_seed(11)).unbind(0)
+    out = fa.flash_attention(*on_device(q, k, v), causal=True).cpu()
+    bad = int((~torch.isfinite(out)).sum())
+    assert bad == 0, (
+        f"{bad} of {out.numel()} outputs are NaN for causal 20 queries over 5 keys, where rows 0-14 see no "
+        "key. Likely: _online_softmax_step lacks the -inf guard in one of its exponents: a row whose every "
+        "score so far is -inf has m_new = -inf, and exp2(-inf - -inf) is NaN; both p = exp2(s - m) and the "
+        "rescale alpha = exp2(m_i - m) must subtract m_safe (0 where m_new is -inf, tl.where)"
+    )
+    expect_close(out, reference(q, k, v, True), 1e-5, "causal, 20 queries over 5 keys", "rows 0-14 output 0")

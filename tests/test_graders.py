@@ -61,21 +61,24 @@ def grade(root: Path, lab: str, *pytest_args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def write_lab(scratch):
-    """``write_lab(lab, rel, old, new)``: every labs/ file of ``lab`` solved, and in ``rel`` ``old`` replaced
-    by ``new`` (it must occur once); all of them are back to their unwritten holes after the test."""
+    """``write_lab(lab, rel, old, new, more=((rel, old, new), ...))``: every labs/ file of ``lab`` solved, and
+    in ``rel`` ``old`` replaced by ``new`` (it must occur once), as in each of ``more``; all of them are back
+    to their unwritten holes after the test."""
     files = {h.path.removeprefix("solutions/") for h in make_labs.all_holes()}
     written: list[str] = []
 
-    def write(lab: str, rel: str, old: str = "", new: str = "") -> None:
+    def write(lab: str, rel: str = "", old: str = "", new: str = "", more: tuple = ()) -> None:
+        changes = [(rel, old, new), *more]  # more: further (rel, old, new) mistakes, each in its own function
         for other in sorted(
             f for f in files if labs_file(scratch, f, frozenset({lab})) != labs_file(scratch, f)
         ):
             text = labs_file(scratch, other, frozenset({lab}))
-            if other == rel and old:
-                assert text.count(old) == 1, (
-                    f"the planted mistake no longer matches the reference code: {old!r}"
-                )
-                text = text.replace(old, new)
+            for path, before, after in changes:
+                if other == path and before:
+                    assert text.count(before) == 1, (
+                        f"the planted mistake no longer matches the reference code: {before!r}"
+                    )
+                    text = text.replace(before, after)
             (scratch / "labs" / other).write_text(text)
             written.append(other)
 
@@ -235,4 +238,212 @@ def test_a_solved_lab_passes_alone_and_says_what_the_engine_still_needs(scratch,
     needs = next((line for line in report.splitlines() if "from labs import LLM" in line), "")
     assert "still to write" in needs and "2" in needs.split("still to write")[1], (
         f"the report must say which labs the engine still needs (Lab 2 is unwritten):\n{report}"
+    )
+
+
+# Mistakes in the precisions and configurations the engine runs (a bfloat16 model, speculative decoding, INT4
+# weights, a batch of chains of different lengths, CUDA graphs), which the graders once let pass. One grader
+# run per lab plants them all at once, each in its own function, so each must be named in the same report.
+ENGINE_MISTAKES = [
+    pytest.param(
+        "0",
+        [
+            (
+                "model/llama.py",
+                "x32.pow(2).mean(dim=-1, keepdim=True)",
+                "x32.pow(2).mean(dim=1, keepdim=True)",
+                "not dim=1",
+            ),
+            (
+                "model/llama.py",
+                "    half = x.shape[-1] // 2\n",
+                "    half = x.shape[-1] // 2\n    x = x.float()\n",  # rotated in float32, never cast back
+                "apply_rope returned torch.float32 for bfloat16 q/k",
+            ),
+            (
+                "kernels/attention.py",
+                "[None, :] + (lens[:, None] - q_len)",
+                "[None, :] + (k_len - q_len)",
+                "the causal shift is per sequence",
+            ),
+        ],
+        ["tests/test_lab0_model_parts.py", "-k", "any_rank or keeps_bfloat16 or causal_over_padded"],
+        id="lab0-dim-1-rope-in-float32-causal-over-padding",
+    ),
+    pytest.param(
+        "1",
+        [
+            (
+                "kernels/flash_attention.py",
+                '    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)\n',
+                "    m_safe = m_new\n",
+                "_online_softmax_step lacks the -inf guard",
+            )
+        ],
+        ["tests/test_flash_attention.py", "-k", "see_no_key"],
+        id="lab1-kernel-without-the-guard",
+    ),
+    pytest.param(
+        "1",
+        [
+            (
+                "kernels/flash_attention.py",
+                "    alpha = tl.math.exp2(m_i - m_safe)\n",
+                "    alpha = tl.math.exp2(m_i - m_new)\n",  # guarded p, unguarded rescale
+                "_online_softmax_step lacks the -inf guard",
+            )
+        ],
+        ["tests/test_flash_attention.py", "-k", "see_no_key"],
+        id="lab1-kernel-rescale-unguarded",
+    ),
+    pytest.param(
+        "2",
+        [
+            (
+                "cache/kv_cache_manager.py",
+                "self._keys[child.request_id] = list(self._keys[parent.request_id])",
+                "self._keys[child.request_id] = self._keys[parent.request_id]",
+                "the parent's list of chained keys itself, not a copy",
+            ),
+            (
+                "cache/block_allocator.py",
+                "        if self.ref_counts[block] == 0:\n"
+                '            raise ValueError(f"double free of block {block}: '
+                'its reference count is already 0")\n'
+                "        self.ref_counts[block] -= 1\n",
+                "        self.ref_counts[block] -= 1\n"
+                "        if self.ref_counts[block] < 0:\n"
+                '            raise ValueError(f"double free of block {block}: '
+                'its reference count is already 0")\n',
+                "check the count before you decrement it",
+            ),
+        ],
+        ["tests/test_block_allocator.py", "-k", "own_blocks or changes_nothing"],
+        id="lab2-fork-shares-keys-decref-checks-after",
+    ),
+    pytest.param(
+        "3",
+        [
+            (
+                "engine/scheduler.py",
+                "num_new = min(self._tokens_needed(request), budget)",
+                "num_new = min(request.num_tokens - request.num_computed, budget)",
+                "self._tokens_needed(request)",
+            ),
+            (
+                "engine/scheduler.py",
+                "            request.status = Status.RUNNING\n",
+                "",
+                "set request.status = Status.RUNNING",
+            ),
+        ],
+        ["tests/test_scheduler.py", "-k", "with_its_drafts or marked_running"],
+        id="lab3-drafts-unscheduled-status-unset",
+    ),
+    pytest.param(
+        "4",
+        [
+            (
+                "speculative/rejection.py",
+                "rejected = num_accepted < num_drafts.to(device)",
+                "rejected = num_accepted < k",
+                "'rejected' compared with K instead of num_drafts[b]",
+            ),
+            (
+                "speculative/tree.py",
+                "mask = torch.zeros(n, n, dtype=torch.bool)",
+                "mask = torch.zeros(n, n)",
+                "tree_attention_mask returned torch.float32",
+            ),
+        ],
+        ["tests/test_spec.py", "-k", "drafted_fewer or is_boolean"],
+        id="lab4-rejected-against-k-float-tree-mask",
+    ),
+    pytest.param(
+        "5",
+        [
+            (
+                "model/moe_router.py",
+                "    probs = torch.softmax(router_logits.float(), dim=-1)\n"
+                "    weights, experts = probs.topk(top_k, dim=-1)\n",
+                "    probs = torch.softmax(router_logits, dim=-1)\n"  # in the logits' bfloat16, cast after
+                "    weights, experts = probs.topk(top_k, dim=-1)\n"
+                "    probs, weights = probs.float(), weights.float()\n",
+                "compute the softmax and the top-k in float32",
+            ),
+            (
+                "kernels/moe_permute.py",
+                "    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)\n"
+                "    counts.index_add_(0, flat, torch.ones_like(flat))\n",
+                "    counts = torch.bincount(flat, minlength=num_experts)\n",
+                "Likely: torch.bincount",
+            ),
+        ],
+        ["tests/test_moe.py", "-k", "bfloat16_logits or no_value_back"],
+        id="lab5-routing-in-bf16-counts-by-bincount",
+    ),
+    pytest.param(
+        "6",
+        [
+            (
+                "quant/awq.py",
+                "scales = x_mean.pow(alpha).clamp(min=1e-4)",
+                "scales = x_mean.pow(alpha)",
+                "not clamped (clamp(min=1e-4))",
+            ),
+        ],
+        ["tests/test_quant.py", "-k", "never_fires"],
+        id="lab6-scales-unclamped",
+    ),
+    pytest.param(
+        "7",
+        [
+            (
+                "fast_mode/planner.py",
+                "ttft = prompt_tokens / fmt.prefill_tokens_per_s + step",
+                "ttft = prompt_tokens / fmt.prefill_tokens_per_s + fmt.step_s(batch)",
+                "not a plain decode step",
+            ),
+            (
+                "fast_mode/planner.py",
+                "for speculation in profile.drafters(fmt):",
+                "for speculation in profile.drafters(profile.formats[0]):",
+                "that was measured with another weight format",
+            ),
+        ],
+        ["tests/test_fast_mode.py", "-k", "by_hand and (ttft or drafters)"],
+        id="lab7-ttft-after-a-plain-step-drafters-of-another-format",
+    ),
+    pytest.param(
+        "9",
+        [
+            (
+                "parallel/layers.py",
+                "        out = self.linear(x)\n",
+                "        out = torch.nn.functional.linear(x, self.weight)\n",
+                "the local module may hold packed INT4 codes",
+            ),
+            (
+                "parallel/layers.py",
+                "out = out.masked_fill(~mine.unsqueeze(-1), 0)",
+                "out = out * mine.unsqueeze(-1).float()",
+                "a float mask (mine.float())",
+            ),
+        ],
+        ["tests/test_tensor_parallel.py", "-k", "int4_and_bfloat16 or flat_batch"],
+        id="lab9-product-from-the-weight-float-mask",
+    ),
+]
+
+
+@pytest.mark.parametrize("lab, mistakes, tests", ENGINE_MISTAKES)
+def test_grader_names_each_mistake_the_engine_would_meet(scratch, write_lab, lab, mistakes, tests):
+    (rel, old, new, _), *more = mistakes
+    write_lab(lab, rel, old, new, more=tuple(m[:3] for m in more))
+    status, report = grade(scratch, lab, *tests)
+    assert status == 1, f"the grader passed the planted mistakes (exit {status}):\n{report}"
+    for *_, message in mistakes:
+        assert message in report, f"the grader did not name a planted mistake ({message!r}):\n{report}"
+    assert len(report.splitlines()) <= MAX_REPORT_LINES, (
+        f"the report runs past {MAX_REPORT_LINES} lines:\n{report}"
     )

@@ -220,3 +220,64 @@ def test_gqa_attention_uses_sm_scale(load):
         "gqa_attention with sm_scale=0.3",
         "use sm_scale when it is given, head_dim**-0.5 only when it is None",
     )
+
+
+def test_rms_norm_normalises_the_last_dim_of_any_rank(load):
+    """[T, H, D] as well as [T, hidden]: the statistic is over the last dimension whatever comes before it."""
+    llama = load("model.llama")
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, 64, generator=gen) * 2
+    weight = torch.randn(64, generator=gen)
+    expect_close(
+        llama.rms_norm(x, weight, 1e-5),
+        rms_norm_reference(x, weight, 1e-5),
+        1e-5,
+        "rms_norm on a [2, 5, 64] input",
+        "the mean of x**2 is over the LAST dim (dim=-1, keepdim=True), not dim=1: the same line must work "
+        "for [T, hidden] and for [T, heads, head_dim]",
+    )
+
+
+def test_rope_keeps_bfloat16_with_the_models_tables(load):
+    """The model holds its cos/sin tables in its own dtype (``LlamaModel.from_weights`` casts them), so a
+    bfloat16 model rotates bfloat16 q and k by bfloat16 tables, and what comes out must stay bfloat16."""
+    llama = load("model.llama")
+    head_dim, theta = 64, 100000.0
+    cos, sin = (t.to(torch.bfloat16) for t in llama.rope_tables(head_dim, theta, 64))
+    positions = torch.tensor([0, 3, 17, 63])
+    x = torch.randn(len(positions), 3, head_dim, generator=torch.Generator().manual_seed(7))
+    out = llama.apply_rope(x.to(torch.bfloat16), cos[positions], sin[positions])
+    assert out.dtype == torch.bfloat16, (
+        f"apply_rope returned {out.dtype} for bfloat16 q/k and bfloat16 tables (a bfloat16 model's): the "
+        "next matmul would mix dtypes. Return x's dtype (cast back if you rotated in float32)"
+    )
+    cos64, sin64 = (t.double() for t in llama.rope_tables(head_dim, theta, 64))
+    half = head_dim // 2
+    x64 = x.to(torch.bfloat16).double()
+    rotated = torch.cat([-x64[..., half:], x64[..., :half]], dim=-1)
+    expected = x64 * cos64[positions][:, None] + rotated * sin64[positions][:, None]
+    expect_close(
+        out,
+        expected,
+        2e-2,
+        "apply_rope on bfloat16 q/k",
+        "rotate-half: x * cos + rotate_half(x) * sin, cos and sin broadcast over the head axis",
+    )
+
+
+def test_gqa_attention_causal_over_padded_keys_aligns_each_sequence(load):
+    """A batched chunk of 3 queries over sequences of 9 and 5 keys padded to 9: the causal mask is
+    bottom-right for each sequence's own length: query i of sequence b sees keys j <= i + kv_lens[b] - Lq."""
+    attention = load("kernels.attention")
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 6, 3, 32, generator=gen)
+    k, v = torch.randn(2, 2, 9, 32, generator=gen), torch.randn(2, 2, 9, 32, generator=gen)
+    kv_lens = torch.tensor([9, 5])
+    expect_close(
+        attention.gqa_attention(q, k, v, causal=True, kv_lens=kv_lens),
+        reference_attention(q, k, v, causal=True, kv_lens=kv_lens),
+        1e-5,
+        "gqa_attention, causal, 3 queries over kv_lens [9, 5] padded to 9 keys",
+        "with kv_lens the causal shift is per sequence: query i sees keys j <= i + (kv_lens[b] - Lq), "
+        "not i + (Lk - Lq), which lets a short sequence's queries see keys after their own position",
+    )

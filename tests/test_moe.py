@@ -70,6 +70,29 @@ def test_route_computes_in_float32_and_names_bad_k(load):
 
 
 @pytest.mark.lab5
+def test_route_on_bfloat16_logits_ranks_and_weighs_as_float32_does(load):
+    """A bfloat16 model's router gives bfloat16 logits. Close experts (logits within a few hundredths) are
+    ranked and weighed by their float32 probabilities: a softmax taken in bfloat16 and cast afterwards rounds
+    the probabilities to 8 bits of mantissa first, so near-ties swap and the weights are off by about 0.3%."""
+    router = load("model.moe_router")
+    gen = torch.Generator().manual_seed(12)
+    logits = (torch.randn(512, 8, generator=gen) * 0.3).to(torch.bfloat16)
+    logits = logits[torch.tensor([len(set(row)) == 8 for row in logits.tolist()])]  # no exact ties
+    routing = router.route(logits, top_k=2)
+    probs = torch.softmax(logits.double(), dim=-1)
+    weights, experts = probs.topk(2, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    swapped = int((routing.experts != experts).any(-1).sum())
+    weight_err = float(((routing.weights.double() - weights).abs() / weights).max())
+    prob_err = float(((routing.probs.double() - probs).abs() / probs).max())
+    assert swapped == 0 and weight_err < 1e-5 and prob_err < 1e-5, (
+        f"route on bfloat16 logits: compute the softmax and the top-k in float32 (router_logits.float()), "
+        f"not in the logits' bfloat16 with a cast afterwards: {swapped} of {len(logits)} tokens got other "
+        f"experts than float32 ranks first, weights off by up to {weight_err:.2%}, probs by {prob_err:.2%}"
+    )
+
+
+@pytest.mark.lab5
 def test_balance_loss_against_hand_computed_values(load):
     router = load("model.moe_router")
     # 4 tokens, 2 experts, top-1: experts [0, 0, 0, 1] -> f = [3/4, 1/4]
@@ -208,6 +231,29 @@ def test_permutation_invariants_on_random_routings(load, tokens, num_experts, to
     g = torch.Generator().manual_seed(tokens)
     experts = torch.rand(tokens, num_experts, generator=g).argsort(dim=1)[:, :top_k]
     _check_permutation(permute.permute(experts, num_experts, block), experts, num_experts, block)
+
+
+@pytest.mark.lab5
+def test_permutation_reads_no_value_back_to_the_host(load):
+    """The fused MoE layer replays in a CUDA graph, which records no host sync: permute must size everything
+    from the shapes alone. On the meta device, which holds shapes and no values, such code runs; code that
+    reads a value back (bincount sizes its output by the largest id; .item(), .tolist()) cannot."""
+    permute_mod = load("kernels.moe_permute")
+    experts = torch.zeros(37, 2, dtype=torch.int64, device="meta")
+    try:
+        result = permute_mod.permute(experts, 5, 4)
+    except (NotImplementedError, RuntimeError) as error:
+        raise AssertionError(
+            f"permute needs the values of the expert ids, not only their shape (on the meta device: "
+            f"{str(error).splitlines()[0][:120]}). Likely: torch.bincount, which reads the largest id back "
+            "to the host to size its output (a sync a CUDA graph cannot record): count with index_add_ into "
+            "torch.zeros(num_experts)"
+        ) from None
+    rows = -(-(37 * 2 + 5 * 3) // 4) * 4
+    assert tuple(result.sorted_ids.shape) == (rows,) and tuple(result.block_experts.shape) == (rows // 4,), (
+        f"sorted_ids {tuple(result.sorted_ids.shape)}, block_experts {tuple(result.block_experts.shape)}: "
+        f"sized for the worst case, {rows} rows in {rows // 4} blocks"
+    )
 
 
 @pytest.mark.lab5

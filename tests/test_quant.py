@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -338,6 +339,29 @@ def real_layer_inputs():
 def awq_scales(x: torch.Tensor, alpha: float) -> torch.Tensor:
     s = x.abs().mean(0).pow(alpha).clamp(min=1e-4)
     return s / (s.max() * s.min()).sqrt()
+
+
+@pytest.mark.lab6
+def test_scale_search_survives_a_channel_that_never_fires(load):
+    """Real calibration activations have channels that stay 0 (a dead feature, a padded dimension): mean|x|
+    is 0 there, so s = 0 ** alpha = 0 for every alpha > 0 unless it is clamped, and the normalisation then
+    divides by sqrt(max(s) * min(s)) = 0."""
+    awq = load("quant.awq")
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(32, 64, generator=gen)
+    x = torch.randn(48, 64, generator=gen) * (1 + 20 * (torch.rand(64, generator=gen) < 0.1))
+    x[:, 5] = 0.0
+    result = awq.search_scale(weight, x, 4, 32, n_grid=5)
+    bad = [a for a, e in zip(result.alphas, result.errors, strict=True) if not math.isfinite(e)]
+    assert not bad and bool(torch.isfinite(result.scales).all()), (
+        f"with input channel 5 always 0, the errors at alphas {bad} are inf or NaN. Likely: s = "
+        "mean|x| ** alpha not clamped (clamp(min=1e-4)) before the normalisation by sqrt(max(s) * min(s)): "
+        "a zero channel makes s = 0 there, and 0 / 0"
+    )
+    assert result.alpha > 0, (
+        f"chose alpha {result.alpha}: with outlier channels some alpha > 0 beats round-to-nearest, once a "
+        "dead channel's scale is clamped"
+    )
 
 
 @pytest.mark.lab6

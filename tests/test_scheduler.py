@@ -286,3 +286,36 @@ def test_a_failed_admission_leaves_the_request_waiting_with_nothing(make):
         f"{scheduler.kv.num_used_blocks} blocks in use, {running_blocks} of them by running requests, after "
         "an admission that failed: a refused allocate_slots takes nothing, so there is nothing to give back"
     )
+
+
+def test_a_speculating_decode_is_scheduled_with_its_drafts(make):
+    """With speculative decoding on, a decode verifies its drafts in the same step: 1 + len(spec_token_ids)
+    tokens, the drafts trimmed where they would pass max_model_len."""
+    build, request = make
+    for max_model_len, want in ((64, 4), (9, 3)):
+        scheduler = build(budget=16, max_model_len=max_model_len)
+        r = request(6)
+        scheduler.add(r)
+        r.num_computed += scheduler.schedule().num_scheduled_tokens[r.request_id]
+        r.output_token_ids.append(7)
+        r.spec_token_ids = [11, 12, 13]
+        got = scheduler.schedule().num_scheduled_tokens.get(r.request_id)
+        assert got == want, (
+            f"a decode with 3 drafts at {r.num_tokens - 3} tokens (max_model_len {max_model_len}) was "
+            f"scheduled {got} tokens, expected {want}: it runs its new token and verifies its drafts in one "
+            "step, self._tokens_needed(request) (the drafts trimmed at max_model_len), not only "
+            "num_tokens - num_computed"
+        )
+
+
+def test_an_admitted_request_is_marked_running(make):
+    """The engine caches a request's full blocks for the prefix cache only while its status is RUNNING."""
+    build, request = make
+    scheduler = build()
+    r = request(6)
+    scheduler.add(r)
+    scheduler.schedule()
+    assert r.status is type(r.status).RUNNING, (
+        f"an admitted request's status is {r.status}: set request.status = Status.RUNNING when it moves to "
+        "running (the engine caches a request's full blocks for the prefix cache only while it is RUNNING)"
+    )

@@ -172,6 +172,44 @@ def test_padding_past_num_drafts_is_never_accepted(load, deterministic):
 
 
 @pytest.mark.lab4
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-drafts", "deterministic-drafts"])
+def test_a_request_that_drafted_fewer_keeps_its_bonus_token_from_p(load, deterministic):
+    """A batch of chains of different lengths, as the engine verifies them (one request near its context
+    limit drafts fewer): request 0 drafted 1 of K = 3 and the target keeps it, request 1 drafted none. Neither
+    was rejected, so the token after their last draft comes from p itself: half 0, half 1."""
+    rejection = load("speculative.rejection")
+    rows, vocab, k = 400, 4, 3
+    drafts = torch.tensor([[2, -1, -1], [-1, -1, -1]]).repeat(rows // 2, 1)  # -1: padding past num_drafts
+    p = torch.zeros(rows, k + 1, vocab)
+    p[:, :, :2] = 0.5
+    p[0::2, 0] = torch.nn.functional.one_hot(torch.tensor(2), vocab).float()  # request 0's draft is kept
+    q = None if deterministic else torch.nn.functional.one_hot(drafts.clamp(min=0), vocab).float()
+    num_drafts = torch.tensor([1, 0]).repeat(rows // 2)
+    num, nxt = rejection.verify(drafts, p, q, num_drafts, generators=torch.Generator().manual_seed(1))
+    assert num.tolist() == [1, 0] * (rows // 2), "request 0 keeps its one draft, request 1 has none"
+    for request in (0, 1):
+        share = float((nxt[request::2] == 0).float().mean())
+        assert 0.35 < share < 0.65, (
+            f"request {request} (num_drafts {[1, 0][request]} of K = {k}, nothing rejected) drew token 0 "
+            f"as its next token in {share:.0%} of {rows // 2} rows, where p gives it 50%. Likely: 'rejected' "
+            "compared with K instead of num_drafts[b], so a request that drafted fewer than K looked "
+            "rejected and drew from max(0, p - q) of a padding position"
+        )
+
+
+@pytest.mark.lab4
+def test_tree_attention_mask_is_boolean(load):
+    """The engine's tree attention joins the mask to the context's visible columns and inverts it (~mask) to
+    build SDPA's additive mask: it must be a bool tensor, not 0/1 numbers."""
+    mask = load("speculative.tree").tree_attention_mask([-1, 0, 0, 1])
+    assert mask.dtype == torch.bool, (
+        f"tree_attention_mask returned {mask.dtype}: return a bool tensor "
+        "(torch.zeros(n, n, dtype=torch.bool)); a float mask compares equal to the right True/False, but "
+        "the engine's ~mask fails on it"
+    )
+
+
+@pytest.mark.lab4
 def test_tree_attention_mask_matches_a_hand_built_tree(load):
     tree = load("speculative.tree")
     #      root(0) ─ a(1) ─ c(3)

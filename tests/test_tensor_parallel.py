@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from solutions.model.config import ModelConfig
+from solutions.quant.linear import QuantLinear
 
 GPUS = torch.cuda.device_count()
 needs_two_gpus = pytest.mark.skipif(
@@ -149,6 +150,43 @@ def test_row_parallel_linear_on_one_rank_runs_no_collective(load):
     assert err < 1e-12, f"RowParallelLinear on one rank: relative error {err:.3g} from x W^T + b"
 
 
+@pytest.mark.lab9
+def test_row_parallel_linear_runs_the_local_module_int4_and_bfloat16(load):
+    """An AWQ engine's o_proj and down_proj are INT4 ``QuantLinear``s on each rank, in a bfloat16 model: the
+    layer must run its local module (it holds packed codes, not a weight matrix) and keep bfloat16."""
+    layers = load("parallel.layers")
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(3, 2 * 128, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(64, 2 * 128, generator=gen) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(64, generator=gen).to(torch.bfloat16)
+    locals_ = [QuantLinear.from_float(w[:, r * 128 : (r + 1) * 128].contiguous(), 4, 32) for r in range(2)]
+    partials = [locals_[r](x[:, r * 128 : (r + 1) * 128].contiguous()).double() for r in range(2)]
+    expected = sum(partials) + bias.double()
+
+    def run(group):
+        layer = layers.RowParallelLinear(locals_[group.rank], group, bias.clone())
+        try:
+            return layer(x[:, group.rank * 128 : (group.rank + 1) * 128].contiguous())
+        except AttributeError as error:
+            raise AssertionError(
+                f"RowParallelLinear around an INT4 QuantLinear failed ({error}). Likely: the product was "
+                "computed from a weight matrix (x @ self.weight.T); the local module may hold packed INT4 "
+                "codes, so call it: self.linear(x)"
+            ) from None
+
+    outputs, _ = two_pass(2, run)
+    for rank, out in enumerate(outputs):
+        assert out.dtype == torch.bfloat16, (
+            f"RowParallelLinear returned {out.dtype} on rank {rank} for a bfloat16 model: keep the partial "
+            "sums and the result in the activations' dtype"
+        )
+        err = rel_err(out, expected)
+        assert err < 2e-2, (
+            f"RowParallelLinear around INT4 QuantLinears, rank {rank}: relative error {err:.3g} from the sum "
+            "of the ranks' local products plus the bias. Likely: not self.linear(x) on each rank"
+        )
+
+
 # ---- Lab 9: the vocabulary-parallel embedding --------------------------------------------------------------
 
 
@@ -216,6 +254,36 @@ def test_vocab_parallel_embedding_looks_up_each_id_on_its_own_rank(load, vocab, 
             f"{what}: rank {rank}'s output is off by relative error {err:.3g}. Likely: the all-reduce's "
             "result was not returned (group.all_reduce sums in place, into the tensor you pass)"
         )
+
+
+@pytest.mark.lab9
+def test_vocab_parallel_embedding_of_a_bfloat16_model_over_a_flat_batch(load):
+    """What the engine feeds: the step's token ids flattened to one dimension, a bfloat16 table."""
+    layers = load("parallel.layers")
+    table, rows, ids = embedding_case(101, 3)
+    table, ids = table.to(torch.bfloat16), ids.flatten()
+
+    def run(group):
+        start, end = group.rank * rows, min((group.rank + 1) * rows, 101)
+        layer = layers.VocabParallelEmbedding(shard_table(table, group.rank, rows), start, end, group)
+        try:
+            return layer(ids)
+        except (IndexError, RuntimeError) as error:
+            raise AssertionError(
+                f"VocabParallelEmbedding on 1-D ids [{len(ids)}] (the engine's flat batch) failed: {error}. "
+                "Likely: the mask given a trailing axis for 2-D ids only (mine[:, :, None]); "
+                "mine.unsqueeze(-1) works for ids of any shape"
+            ) from None
+
+    outputs, _ = two_pass(3, run)
+    for rank, out in enumerate(outputs):
+        assert out.dtype == torch.bfloat16, (
+            f"VocabParallelEmbedding returned {out.dtype} on rank {rank} from a bfloat16 table: zero the "
+            "foreign rows in the table's dtype (masked_fill, or a bool mask); a float mask (mine.float()) "
+            "turns a bfloat16 model's hidden states into float32"
+        )
+        err = rel_err(out, table[ids])
+        assert err < 1e-12, f"VocabParallelEmbedding on a flat batch, rank {rank}: relative error {err:.3g}"
 
 
 @pytest.mark.lab9
