@@ -155,6 +155,10 @@ class SamplingBatch:
             return uniform
         return torch.where(seeds[:, 1] > 0, counter_uniforms(seeds[:, 0], counters), uniform)
 
+    def logits_index(self, logits_rows: list[int]) -> torch.Tensor:
+        """``logits_rows`` on the device (the rows a greedy step takes the argmax of), via the step buffer."""
+        return self._send("sample", logits_rows)[1][0]
+
     def sample_rows(self, requests: list[Request], logits_rows: list[int]) -> SampledRows:
         """One token per request, from logits row ``logits_rows[i]``; a seeded request's counter is the
         position of the token it draws."""

@@ -214,15 +214,3 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     threshold = (uniform * cumulative[:, -1])[:, None]
     return torch.searchsorted(cumulative, threshold, right=True).clamp_(max=probs.shape[-1] - 1).flatten()
 
-
-def row_uniforms(seeds: list[int | None], counters: list[int], device: torch.device) -> torch.Tensor:
-    """The uniform number each row samples with: ``counter_uniforms`` for a seeded row (counter: the position
-    of the token it draws), the device's generator for the others."""
-    uniform = torch.rand(len(seeds), dtype=torch.float64, device=device)
-    if any(seed is not None for seed in seeds):
-        seeded = host_tensor([seed is not None for seed in seeds], torch.bool, device)
-        keys = host_tensor([seed or 0 for seed in seeds], torch.int64, device)
-        uniform = torch.where(
-            seeded, counter_uniforms(keys, host_tensor(counters, torch.int64, device)), uniform
-        )
-    return uniform
