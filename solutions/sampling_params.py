@@ -14,6 +14,9 @@ class SamplingParams:
     EOS ids, whose stop ``ignore_eos`` turns off (not these); a stop token's text is left out. ``seed`` makes
     sampling reproducible per request, whatever else shares the batch. ``n`` completions share the prompt's KV
     blocks (completion ``i`` is seeded ``seed + i``).
+
+    ``min_p`` (vLLM's) keeps only the tokens at least that fraction as likely as the most likely one, before
+    top-k and top-p (0 disables it).
     """
 
     n: int = 1
@@ -21,6 +24,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -44,6 +48,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

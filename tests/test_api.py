@@ -139,9 +139,8 @@ def test_top_k_top_p_filter(load):
 
 
 def test_top_k_top_p_filter_matches_a_full_sort_past_the_candidates(load):
-    """The filter ranks only each row's ``CANDIDATES`` largest logits unless a row's set reaches past
-    them: a flat row (its top-p set holds most of the vocabulary) and a peaked one must keep what
-    sorting all gives."""
+    """The filter sorts no row (top-k reads its ``CANDIDATES`` largest, top-p is a radix select): a flat row
+    (its top-p set holds most of the vocabulary) and a peaked one must keep what sorting all gives."""
     sampler = load("kernels.sampling")
     generator = torch.Generator().manual_seed(0)
     vocab = 4 * sampler.CANDIDATES
@@ -200,9 +199,6 @@ def test_counter_uniforms_are_uniform_and_depend_on_seed_and_counter_only(load):
     seeds, positions = torch.arange(100) % 3, torch.arange(100)
     direct = sampler.counter_uniforms(seeds, positions)
     assert torch.equal(sampler.counter_uniforms(seeds[shuffled], positions[shuffled]), direct[shuffled])
-    mixed = sampler.row_uniforms([None, 4, None, 9], [10, 11, 12, 13], torch.device("cpu"))
-    assert float(mixed[1]) == float(sampler.counter_uniforms(torch.tensor([4]), torch.tensor([11])))
-    assert float(mixed[3]) == float(sampler.counter_uniforms(torch.tensor([9]), torch.tensor([13])))
 
 
 def test_more_prompts_than_cache_slots_all_complete_in_order(llm, sp):

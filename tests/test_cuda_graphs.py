@@ -196,7 +196,8 @@ def count_host_reads(monkeypatch, packages: tuple[str, ...] = ("engine",)) -> li
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-graphs"])
 def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, graphs):
     """The hot path (engine/: runner, input batch, sampler, engine) converts exactly one tensor to host values
-    per step, the sampled ids, for greedy rows and sampled ones (temperature, top-k, seeded or not)."""
+    per step, the sampled ids, for greedy rows and sampled ones (temperature, top-k, top-p, min-p, seeded or
+    not)."""
     llm = make_llm(tiny_folder)
     engine = llm.engine
     if graphs:
@@ -205,6 +206,8 @@ def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, gr
         SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
         SamplingParams(temperature=0.8, top_k=20, max_tokens=40, ignore_eos=True, seed=3),
         SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=40, ignore_eos=True, seed=5),
+        SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, max_tokens=40, ignore_eos=True),
     ]
     for i, p in enumerate(params):
         engine.add_request([1 + i, 2, 3, 4, 5], p)
@@ -245,6 +248,42 @@ def test_a_greedy_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path,
         engine.step()
         assert drafted[-1] == [3, 3, 3], "every request drafts a whole chain: the test proves less"
         assert len(calls) - before == 2, f"host reads in one EAGLE step: {calls[before:]}"
+    monkeypatch.undo()
+    engine.abort(list(engine.groups))
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+def test_a_sampled_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path, monkeypatch, seeded):
+    """Sampled requests (temperature, top-p, min-p) verifying EAGLE chains of sampled drafts read the device
+    as often as greedy ones: the drafts, then the verify's verdicts (accepted counts and next tokens in one
+    read); no probabilities reach the host."""
+    from solutions.speculative.eagle import EagleHead, save_head
+
+    config, head = make_llm(tiny_folder).engine.model.config, tmp_path / "head.safetensors"
+    save_head(EagleHead(config, torch.arange(config.vocab_size)), head, {})
+    llm = make_llm(tiny_folder, speculative="eagle", num_speculative_tokens=3, eagle_head=str(head))
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
+    seed = 1 if seeded else None
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=60, ignore_eos=True, seed=seed),
+        SamplingParams(temperature=1.0, min_p=0.05, max_tokens=60, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+    ]
+    for i, p in enumerate(params):
+        engine.add_request([1 + i, 2, 3, 4, 5], p)
+    for _ in range(3):  # prefill, then warm steps
+        engine.step()
+    drafted, execute = [], engine.runner.execute
+    engine.runner.execute = lambda plan, **kw: drafted.append(
+        [len(r.spec_token_ids) for r in plan.scheduled]
+    ) or execute(plan, **kw)
+    calls = count_host_reads(monkeypatch, ("engine", "speculative"))
+    for _ in range(4):
+        before = len(calls)
+        engine.step()
+        assert drafted[-1] == [3, 3, 3], "every request drafts a whole chain: the test proves less"
+        assert len(calls) - before == 2, f"host reads in one sampled EAGLE step: {calls[before:]}"
     monkeypatch.undo()
     engine.abort(list(engine.groups))
 

@@ -25,7 +25,7 @@ from ..config import EngineConfig
 from ..kernels.attention_backend import backend_for_model, resolve_backend
 from ..kernels.blocks import cdiv
 from ..kernels.cpu_linear import decisions_line, use_fastest_linears
-from ..kernels.sampling import host_tensor, row_uniforms, sample, sampling_probs
+from ..kernels.sampling import filtered_probs, sample
 from ..model.cpu_decode_layers import decode_layers
 from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
@@ -37,6 +37,7 @@ from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
+from .sampling_batch import SamplingBatch
 from .scheduler import Scheduler, SchedulerOutput
 from .speculator import Speculator
 from .tp_executor import TensorParallelExecutor
@@ -109,7 +110,10 @@ class Engine:
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
         # Lesson 4: drafts before each step, verifies after it.
-        self.speculator = Speculator(config, self.model, self.kv, cache) if config.speculative else None
+        self.sampling = SamplingBatch(self.model_config.vocab_size, self.device)
+        self.speculator = (
+            Speculator(config, self.model, self.kv, cache, self.sampling) if config.speculative else None
+        )
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
 
@@ -377,15 +381,16 @@ class Engine:
         if not rows:
             return []
         logits = out.logits
-        if forked or len(rows) != logits.shape[0]:  # else the rows are exactly the logits, in order
-            logits = logits.index_select(0, host_tensor(rows, torch.int64, self.device))
-        params = [r.params for r in requests]
-        if all(p.greedy for p in params):
+        in_order = not forked and len(rows) == logits.shape[0]  # the rows are exactly the logits, in order
+        if all(r.params.greedy for r in requests):
+            if not in_order:
+                logits = logits.index_select(0, self.sampling.logits_index(rows))
             token_ids = logits.argmax(dim=-1)
         else:
-            seeds = [None if r.params.seed is None else r.params.seed + r.index for r in requests]
-            uniform = row_uniforms(seeds, [r.num_tokens for r in requests], self.device)
-            token_ids = sample(sampling_probs(logits, params), uniform)
+            drawn = self.sampling.sample_rows(requests, rows)
+            if not in_order:
+                logits = logits.index_select(0, drawn.logits_index)
+            token_ids = sample(filtered_probs(logits, drawn.settings), drawn.uniform)
         tokens = self.runner.read_tokens(token_ids)
         return [(r, [token]) for r, token in zip(requests, tokens)]
 

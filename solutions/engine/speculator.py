@@ -15,7 +15,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
-from ..kernels.sampling import sampling_probs
+from ..kernels.sampling import filtered_probs, sampling_probs
 from ..model.llama import LlamaModel
 from ..speculative.drafter import EagleDrafter, NgramDrafter
 from ..speculative.eagle import HEAD_PATH, load_head, target_features
@@ -23,14 +23,22 @@ from ..speculative.rejection import verify
 from ..speculative.tree import DraftTree, walk_greedy, walk_tree
 from .request import Request
 from .runner import ModelOutput
+from .sampling_batch import SamplingBatch
 from .scheduler import SchedulerOutput
 
 
 class Speculator:
     """Owns the drafter and the per-step draft bookkeeping; counts verify passes and the tokens they gave."""
 
-    def __init__(self, config: EngineConfig, model: LlamaModel, kv: KVCacheManager, cache: PagedKVCache):
-        self.model, self.kv, self.cache = model, kv, cache
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaModel,
+        kv: KVCacheManager,
+        cache: PagedKVCache,
+        sampling: SamplingBatch,
+    ):
+        self.model, self.kv, self.cache, self.sampling = model, kv, cache, sampling
         self.max_model_len = min(config.max_model_len, model.config.max_position_embeddings)
         k = config.num_speculative_tokens
         if config.speculative == "ngram":
@@ -126,34 +134,34 @@ class Speculator:
         """Batched rejection sampling over every request verifying a chain."""
         if all(request.params.greedy for request, _, _, _ in chains):
             return self._verify_greedy_chains(chains, out)
-        longest = max(len(d) for _, d, _, _ in chains)
-        vocab = out.logits.shape[-1]
-        batch = len(chains)
-        drafts = torch.full((batch, longest), -1, dtype=torch.long)
-        probs = torch.zeros(batch, longest + 1, vocab, device=out.logits.device)
-        sampled = any(self.draft_probs.get(r.request_id) is not None for r, _, _, _ in chains)
-        q = torch.zeros(batch, longest, vocab, device=out.logits.device) if sampled else None
-        for b, (request, draft_ids, _, _) in enumerate(chains):
-            num = len(draft_ids)
-            span = out.rows[request.request_id]
-            drafts[b, :num] = torch.tensor(draft_ids)
-            probs[b, : num + 1] = sampling_probs(out.logits[span], [request.params] * (num + 1))
-            if q is not None:
+        requests = [request for request, _, _, _ in chains]
+        drafts = [draft_ids for _, draft_ids, _, _ in chains]
+        inputs = self.sampling.chain_rows(requests, drafts, [out.rows[r.request_id].start for r in requests])
+        batch, k = inputs.drafts.shape
+        logits = out.logits.index_select(0, inputs.logits_index)
+        probs = filtered_probs(logits, inputs.settings).view(batch, k + 1, -1)
+        q = None
+        if any(self.draft_probs.get(r.request_id) is not None for r in requests):
+            # Deterministic drafts' q is one-hot; a sampling drafter's rows are its own.
+            q = torch.zeros_like(probs[:, :k]).scatter_(2, inputs.drafts[..., None], 1.0)
+            for b, request in enumerate(requests):
                 draft_q = self.draft_probs.get(request.request_id)
-                if draft_q is None:  # deterministic drafts: q is one-hot
-                    q[b, torch.arange(num), drafts[b, :num]] = 1.0
-                else:
-                    q[b, :num] = draft_q[:num].to(q.device)
-        num_drafts = torch.tensor([len(d) for _, d, _, _ in chains])
+                if draft_q is not None:
+                    q[b, : len(drafts[b])] = draft_q[: len(drafts[b])]
         num_accepted, next_token = verify(
-            drafts, probs, q, num_drafts, [r.generator for r, _, _, _ in chains]
+            inputs.drafts,
+            probs,
+            q,
+            inputs.num_drafts,
+            uniforms=(inputs.accept_uniform, inputs.draw_uniform),
         )
+        verdicts = torch.cat([num_accepted, next_token]).tolist()  # the verify's one read
         tokens = {}
-        for b, (request, _, hidden_rows, before) in enumerate(chains):
-            accepted = int(num_accepted[b])
+        for b, (request, draft_ids, hidden_rows, before) in enumerate(chains):
+            accepted = verdicts[b]
             self._commit(request, before, accepted)
             self._observe(request.request_id, out, hidden_rows[: accepted + 1], before)
-            tokens[request.request_id] = drafts[b, :accepted].tolist() + [int(next_token[b])]
+            tokens[request.request_id] = list(draft_ids[:accepted]) + [verdicts[batch + b]]
         return tokens
 
     def _verify_greedy_chains(self, chains: list, out: ModelOutput) -> dict[str, list[int]]:

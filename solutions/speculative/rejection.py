@@ -11,13 +11,17 @@ Greedy decoding is the temperature-0 case: ``p`` is one-hot at the target's argm
 iff it equals the argmax, and the residual of a rejected one is that argmax again.
 A drafter that proposes deterministically (n-gram lookup, a greedy EAGLE head) has ``q`` one-hot at its
 draft: pass ``draft_probs=None``; a draft is then kept with probability ``p(x)``.
+
+Everything stays on the probabilities' device: the random numbers come in as tensors (or are drawn there from
+the generators), the next token is drawn by inversion (``kernels.sampling.sample``), and nothing is read back:
+the caller reads the two results once.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..kernels.sampling import sampling_probs
+from ..kernels.sampling import sample, sampling_probs
 from ..sampling_params import SamplingParams
 
 
@@ -41,6 +45,7 @@ def verify(
     draft_probs: torch.Tensor | None = None,
     num_drafts: torch.Tensor | None = None,
     generators: torch.Generator | list[torch.Generator | None] | None = None,
+    uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a run of drafts per request and draw the token that follows it.
 
@@ -48,10 +53,12 @@ def verify(
     distribution for the token at draft position ``i`` (row ``K``: after the last draft);
     ``draft_probs`` ``[B, K, V]`` the drafter's ``q`` (None: deterministic drafts, ``q`` one-hot);
     ``num_drafts`` ``[B]``: request ``b`` drafted only its first ``num_drafts[b]`` tokens (default ``K``);
-    ``generators``: one for all rows, or one per request (None: torch's global generator).
+    ``uniforms``: the random numbers, float64 on the device: ``[B, K]`` to accept draft ``i`` with, and
+    ``[B, K + 1]`` to draw the next token with when the run ends at position ``i``; without them they come
+    from ``generators`` (one for all rows, or one per request; None: torch's global generator).
 
-    Returns ``num_accepted`` ``[B]`` and ``next_token`` ``[B]``: request ``b`` emits
-    ``draft_token_ids[b, :num_accepted[b]]`` and then ``next_token[b]``.
+    Returns ``num_accepted`` ``[B]`` and ``next_token`` ``[B]`` (int64, on ``target_probs``' device): request
+    ``b`` emits ``draft_token_ids[b, :num_accepted[b]]`` and then ``next_token[b]``.
     """
     batch, k = draft_token_ids.shape
     if target_probs.shape[:2] != (batch, k + 1):
@@ -63,19 +70,22 @@ def verify(
             f"draft_probs must be [B, K, V] = {(batch, k, target_probs.shape[2])}, "
             f"got {tuple(draft_probs.shape)}"
         )
-    if num_drafts is None:
-        num_drafts = torch.full((batch,), k, dtype=torch.long)
-    if not isinstance(generators, list):
-        generators = [generators] * batch
-    if len(generators) != batch:
-        raise ValueError(f"got {len(generators)} generators for {batch} requests")
     device = target_probs.device
+    if num_drafts is None:
+        num_drafts = torch.full((batch,), k, dtype=torch.long, device=device)
+    if uniforms is None:
+        uniforms = _uniforms_from(generators, batch, k, device)
+    accept_uniform, draw_uniform = uniforms
+    if accept_uniform.shape != (batch, k) or draw_uniform.shape != (batch, k + 1):
+        raise ValueError(
+            f"uniforms must be [B, K] and [B, K + 1] = {(batch, k)} and {(batch, k + 1)}, "
+            f"got {tuple(accept_uniform.shape)} and {tuple(draw_uniform.shape)}"
+        )
     if k == 0:
-        first = target_probs[:, 0]
-        return torch.zeros(batch, dtype=torch.long), torch.stack(
-            [_draw(first[b], generators[b]) for b in range(batch)]
-        ).cpu()
-    uniforms = torch.stack([torch.rand(k, generator=g) for g in generators]).to(device)
+        return torch.zeros(batch, dtype=torch.long, device=device), sample(
+            target_probs[:, 0], draw_uniform[:, 0]
+        )
+    uniforms = accept_uniform
     valid = torch.arange(k, device=device)[None, :] < num_drafts.to(device)[:, None]  # [B, K]
     drafts = draft_token_ids.to(device).clamp(min=0)  # padding ids (-1) only sit at invalid positions
     # BEGIN SOLUTION Lab 4: keep draft i when u_i * q_i(x_i) < p_i(x_i) (q = 1 for deterministic drafts);
@@ -115,14 +125,22 @@ def verify(
     empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, p_next, residual)
     # END SOLUTION
-    next_token = torch.stack([_draw(residual[b], generators[b]) for b in range(batch)])
-    return num_accepted.cpu(), next_token.cpu()
+    next_token = sample(residual, draw_uniform.gather(1, num_accepted[:, None]).squeeze(1))
+    return num_accepted, next_token
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token from unnormalised ``probs`` ``[V]``;
-    a one-hot row (greedy) takes its argmax, using no randomness."""
-    top = probs.argmax()
-    if probs[top] >= probs.sum():
-        return top
-    return torch.multinomial(probs.float().cpu(), 1, generator=generator)[0].to(probs.device)
+def _uniforms_from(
+    generators: torch.Generator | list[torch.Generator | None] | None,
+    batch: int,
+    k: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify``'s random numbers drawn from host generators (one per request, or one for all): each
+    request's ``K`` acceptance numbers, then its ``K + 1`` draw numbers."""
+    if not isinstance(generators, list):
+        generators = [generators] * batch
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} requests")
+    numbers = torch.stack([torch.rand(2 * k + 1, dtype=torch.float64, generator=g) for g in generators])
+    numbers = numbers.to(device)
+    return numbers[:, :k], numbers[:, k:]
