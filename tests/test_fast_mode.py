@@ -795,7 +795,8 @@ def test_measured_weight_format_reproduces_its_own_batch_one_step(llm):
     assert fmt.engine_options == {"dtype": "float32"}
     assert fmt.linear_bandwidth > 1e8 and fmt.prefill_tokens_per_s > 0 and fmt.row_s >= 0
     p = planner.predict(fmt, planner.NO_SPECULATION, 1, 96)
-    assert p.ttft_s > p.step_s > fmt.weight_bytes / fmt.linear_bandwidth
+    # a noisy machine can fit row_s = 0, leaving the step at its weights' read time: >=, not >
+    assert p.ttft_s > p.step_s >= fmt.weight_bytes / fmt.linear_bandwidth
     with pytest.raises(ValueError, match="needs batch 1 and a larger batch"):
         measure.measure_weight_format(llm, "fp32", sweep={4: None})
 
