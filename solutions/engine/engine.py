@@ -1,12 +1,15 @@
 """The engine loop: ``add_request`` queues work; each ``step()`` schedules, runs the model once, samples,
 appends, and returns what advanced.
 
-    step():  plan = scheduler.schedule()           which requests run how many tokens (no tensors)
+    step():  spec.propose(running)                 drafts, when speculating (speculator.py; else nothing)
+             plan = scheduler.schedule()           which requests run how many tokens (no tensors)
              out = runner.execute(plan)            one flat forward pass over every scheduled token
-             tokens = sampler(out.logits)          one batched draw on the device (or a verifier, Lesson 4),
-                                                   read back with the step's one device-to-host copy
-             update(request, tokens)               append any number of tokens, stop rules, free blocks
-             return snapshots of the requests that advanced
+             spec.verify(plan, out)                accepted runs of drafts (Lesson 4)
+             tokens = _sample(plan, out)           one batched draw on the device for the other rows, read
+                                                   back with the step's one device-to-host copy
+             _update(plan, tokens)                 fork n > 1 completions, append any number of tokens,
+                                                   stop rules, free blocks
+             _outputs(advanced)                    metrics, and snapshots of the requests that advanced
 """
 
 from __future__ import annotations
@@ -33,13 +36,12 @@ from ..model.loader import load_weights
 from ..quant.cpu_int4_layer import int4_decode_layers
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
-from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
 from .sampling_batch import SamplingBatch
 from .scheduler import Scheduler, SchedulerOutput
-from .speculator import Speculator
+from .speculator import NO_SPECULATION, Speculator
 from .tp_executor import TensorParallelExecutor
 
 log = logging.getLogger("fastmode")
@@ -117,6 +119,199 @@ class Engine:
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
 
+    # -- one iteration -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return an output of every streamed request that advanced in it (its deltas and
+        text so far), and of every request that finished in it. Invariant: a step that ran the model reads
+        its sampled ids back (``runner.read_tokens``, even none) before it returns, so nothing it sent to
+        the device is still in flight when the next step writes its inputs."""
+        spec = self.speculator or NO_SPECULATION
+        spec.propose(self.scheduler.running)  # drafts: the scheduler then plans 1 + k tokens for a request
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        self._start_metrics(plan)
+        out = self.runner.execute(plan, return_hidden=spec.needs_hidden, trees=spec.tree_parents())
+        for request in plan.scheduled:
+            request.num_computed += plan.num_scheduled_tokens[request.request_id]
+        verified = spec.verify(plan, out)  # accepted runs; the rejected drafts' K/V rolled back
+        new_tokens = self._sample(plan, out, skip=verified.keys())  # the step's one read
+        new_tokens += [(r, verified[r.request_id]) for r in plan.scheduled if r.request_id in verified]
+        advanced = self._update(plan, new_tokens)
+        return self._outputs(advanced)
+
+    def _start_metrics(self, plan: SchedulerOutput) -> None:
+        """A request scheduled for the first time: when, and how much of its prompt the prefix cache held."""
+        now = time.perf_counter()
+        for request in plan.scheduled:
+            metrics = request.group.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.num_cached_tokens = request.num_computed
+
+    def _sample(
+        self, plan: SchedulerOutput, out: ModelOutput, skip: Collection[str] = ()
+    ) -> list[tuple[Request, list[int]]]:
+        """One new token for each request that reached the end of its tokens (not in ``skip``), and for each
+        unforked completion of its group (n > 1: every completion draws from the first one's row). Reads the
+        ids back even when no row is sampled (a prompt chunk alone): that read ends the step's device work."""
+        requests, rows = [], []
+        for request in plan.scheduled:
+            span = out.rows.get(request.request_id)
+            if span is None or request.request_id in skip:
+                continue
+            for draw in (request, *request.group.unforked):
+                requests.append(draw)
+                rows.append(span.stop - 1)
+        tokens = self.runner.read_tokens(self._draw(out.logits, requests, rows))
+        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)]
+
+    def _draw(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> torch.Tensor:
+        """One token id per request, ``requests[i]`` drawing from ``logits[rows[i]]`` on the device."""
+        if not rows:
+            return torch.empty(0, dtype=torch.int64, device=logits.device)
+        in_order = rows == list(range(logits.shape[0]))  # the rows are exactly the logits, in order
+        if all(r.params.greedy for r in requests):
+            if not in_order:
+                logits = logits.index_select(0, self.sampling.logits_index(rows))
+            return logits.argmax(dim=-1)
+        drawn = self.sampling.sample_rows(requests, rows)
+        if not in_order:
+            logits = logits.index_select(0, drawn.logits_index)
+        return sample(filtered_probs(logits, drawn.settings), drawn.uniform)
+
+    def _update(
+        self, plan: SchedulerOutput, new_tokens: list[tuple[Request, list[int]]]
+    ) -> dict[str, RequestGroup]:
+        """The one update path: append any number of accepted tokens to each request, apply the stop rules,
+        free a finished request's blocks; a group's first token forks its other completions first (they
+        follow it in ``new_tokens``). Then the full blocks of every request still running join the prefix
+        cache. Returns the groups that advanced, by id."""
+        advanced: dict[str, RequestGroup] = {}
+        for request, tokens in new_tokens:
+            group = request.group
+            if group.unforked:  # only the first completion runs before it has a token
+                self._fork(request)
+            request.append_tokens(tokens, group.stop_token_ids, self.max_model_len)
+            if request.status is Status.FINISHED:
+                self.scheduler.finish(request)
+            advanced[group.request_id] = group
+        for request in plan.scheduled:
+            if request.status is Status.RUNNING:
+                self.kv.cache_full_blocks(request)
+        return advanced
+
+    def _fork(self, first: Request) -> None:
+        """Parallel sampling: the group's other completions share ``first``'s blocks and run behind it."""
+        group = first.group
+        for child in group.unforked:
+            self.kv.fork(first, child)
+            child.num_computed = first.num_computed
+            self.scheduler.add_running(child, after=first)
+        group.requests += group.unforked
+        group.unforked = []
+
+    def _outputs(self, advanced: dict[str, RequestGroup]) -> list[RequestOutput]:
+        """Each advanced group's metrics, and its output unless it reports only when finished; a finished
+        group leaves ``groups``."""
+        now = time.perf_counter()
+        outputs = []
+        for group in advanced.values():
+            metrics = group.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
+            metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
+            finished = group.finished
+            if finished:
+                metrics.finished_time = now
+                del self.groups[group.request_id]
+            if finished or group.output_kind != "final":
+                outputs.append(group.output(finished))
+        return outputs
+
+    # -- submitting work ---------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        output_kind: OutputKind = "cumulative",
+    ) -> str:
+        """Queue one request; returns its id (``request_id`` if given: it must not be in use).
+        ``arrival_time`` (``time.perf_counter()`` seconds, default now) is when the request
+        reached the system, for its metrics. ``output_kind`` (``outputs.OutputKind``): "cumulative", ``step``
+        reports the request each time it gains tokens, whole; "delta", only what each step added; "final",
+        only once finished."""
+        return self.add_requests([prompt], [params], [request_id], arrival_time, output_kind)[0]
+
+    def add_requests(
+        self,
+        prompts: list[str | list[int]],
+        params: list[SamplingParams],
+        request_ids: list[str | None] | None = None,
+        arrival_time: float | None = None,
+        output_kind: OutputKind = "cumulative",
+    ) -> list[str]:
+        """Validate every prompt (``RequestGroup.create``), then queue them all: a bad prompt raises before
+        any is queued."""
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}; got {output_kind!r}")
+        ids = request_ids or [None] * len(prompts)
+        now = time.perf_counter() if arrival_time is None else arrival_time
+        groups = []
+        for prompt, sampling, request_id in zip(prompts, params, ids, strict=True):
+            if request_id is not None and request_id in self.groups:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            groups.append(
+                RequestGroup.create(
+                    prompt,
+                    sampling,
+                    request_id,
+                    now,
+                    self._ids,
+                    self.tokenizer,
+                    self.model_config.vocab_size,
+                    self.max_model_len,
+                    self.eos_token_ids,
+                )
+            )
+        for group in groups:
+            group.output_kind = output_kind
+        if len({g.request_id for g in groups}) != len(groups):
+            raise ValueError("request ids must be unique")
+        for group in groups:
+            self.groups[group.request_id] = group
+            self.scheduler.add(group.requests[0])
+        return [g.request_id for g in groups]
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Drop unfinished requests (a stream closed early, a client gone) and
+        free all their blocks at once."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            group = self.groups.pop(request_id, None)
+            for request in group.requests if group else []:
+                if not request.finished:
+                    request.finish_reason = "abort"
+                    self.scheduler.finish(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    def stats(self) -> EngineStats:
+        """What a metrics endpoint reports: queue lengths and KV cache use, right now."""
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.kv.num_blocks - 1,
+        )
+
+    # -- sizing the KV cache (at start-up) ---------------------------------------------------------------
+
     def _allocate_kv_cache(self) -> PagedKVCache:
         """Size the paged cache from the budget; fail now if one ``max_model_len`` sequence cannot fit.
 
@@ -190,213 +385,3 @@ class Engine:
         self.model.logits(hidden[-num_logits:])
         del hidden
         return torch.cuda.max_memory_allocated(self.device) - before
-
-    # -- submitting work ---------------------------------------------------------------------------------
-
-    def add_request(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-        output_kind: OutputKind = "cumulative",
-    ) -> str:
-        """Queue one request; returns its id (``request_id`` if given: it must not be in use).
-        ``arrival_time`` (``time.perf_counter()`` seconds, default now) is when the request
-        reached the system, for its metrics. ``output_kind`` (``outputs.OutputKind``): "cumulative", ``step``
-        reports the request each time it gains tokens, whole; "delta", only what each step added; "final",
-        only once finished."""
-        return self.add_requests([prompt], [params], [request_id], arrival_time, output_kind)[0]
-
-    def add_requests(
-        self,
-        prompts: list[str | list[int]],
-        params: list[SamplingParams],
-        request_ids: list[str | None] | None = None,
-        arrival_time: float | None = None,
-        output_kind: OutputKind = "cumulative",
-    ) -> list[str]:
-        """Validate every prompt, then queue them all: a bad prompt raises before any is queued."""
-        if output_kind not in OUTPUT_KINDS:
-            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}; got {output_kind!r}")
-        ids = request_ids or [None] * len(prompts)
-        now = time.perf_counter() if arrival_time is None else arrival_time
-        groups = [self._new_group(*args, now) for args in zip(prompts, params, ids, strict=True)]
-        for group in groups:
-            group.output_kind = output_kind
-        if len({g.request_id for g in groups}) != len(groups):
-            raise ValueError("request ids must be unique")
-        for group in groups:
-            self.groups[group.request_id] = group
-            self.scheduler.add(self._new_request(group, 0))
-        return [g.request_id for g in groups]
-
-    def _new_group(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None, now: float
-    ) -> RequestGroup:
-        """Validate one prompt (text or token ids). Raises ValueError naming what is wrong."""
-        if self.tokenizer is None and (isinstance(prompt, str) or getattr(params, "stop", None)):
-            raise ValueError(
-                "this engine has no tokenizer (skip_tokenizer_init=True): "
-                "give prompts as token ids, without stop strings"
-            )
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty: give at least one character or token id")
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = None, list(prompt)
-            vocab = self.model_config.vocab_size
-            if not token_ids:
-                raise ValueError("prompt token id list is empty")
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(token_ids)} tokens, but the context limit (max_model_len) is "
-                f"{self.max_model_len} and one token must be left to generate"
-            )
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if request_id is None:
-            request_id = str(next(self._ids))
-        elif request_id in self.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        stop_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else self.eos_token_ids
-        )
-        return RequestGroup(request_id, text, token_ids, params, now, stop_ids)
-
-    def _new_request(self, group: RequestGroup, index: int) -> Request:
-        request_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
-        if self.tokenizer is None:
-            detokenizer = NullDetokenizer()
-        else:
-            detokenizer = IncrementalDetokenizer(
-                self.tokenizer.backend, group.prompt_token_ids, group.params.stop
-            )
-        request = Request(request_id, group, index, detokenizer)
-        group.requests.append(request)
-        return request
-
-    def abort(self, request_ids: str | list[str]) -> None:
-        """Drop unfinished requests (a stream closed early, a client gone) and
-        free all their blocks at once."""
-        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
-            group = self.groups.pop(request_id, None)
-            for request in group.requests if group else []:
-                if not request.finished:
-                    request.finish_reason = "abort"
-                    self.scheduler.finish(request)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.groups)
-
-    def stats(self) -> EngineStats:
-        """What a metrics endpoint reports: queue lengths and KV cache use, right now."""
-        return EngineStats(
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            kv_blocks_used=self.kv.num_used_blocks,
-            kv_blocks_total=self.kv.num_blocks - 1,
-        )
-
-    # -- one iteration -----------------------------------------------------------------------------------
-
-    def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output of every streamed request that advanced in it (its deltas and
-        text so far), and of every request that finished in it."""
-        spec = self.speculator
-        if spec is not None:
-            spec.propose(self.scheduler.running)  # sets spec_token_ids: the scheduler plans 1 + k tokens
-        plan = self.scheduler.schedule()
-        if not plan.scheduled:
-            return []
-        now = time.perf_counter()
-        for request in plan.scheduled:
-            metrics = request.group.metrics
-            if metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = now
-                metrics.num_cached_tokens = request.num_computed
-        computed_before = {r.request_id: r.num_computed for r in plan.scheduled} if spec is not None else {}
-        out = self.runner.execute(
-            plan,
-            return_hidden=spec is not None and spec.needs_hidden,
-            trees=spec.tree_parents() if spec is not None else None,
-        )
-        counts = plan.num_scheduled_tokens
-        for request in plan.scheduled:
-            request.num_computed += counts[request.request_id]
-        # Verified drafts: accepted runs (the speculator rolls back the rejected drafts' K/V).
-        verified = spec.verify(plan, out, computed_before) if spec is not None else {}
-        new_tokens = self._sample(plan, out, skip=verified.keys())
-        new_tokens += [(r, verified[r.request_id]) for r in plan.scheduled if r.request_id in verified]
-        advanced: dict[str, RequestGroup] = {}
-        for request, tokens in new_tokens:
-            self._update(request, tokens)
-            advanced[request.group.request_id] = request.group
-        for request in plan.scheduled:
-            if request.status is Status.RUNNING:
-                self.kv.cache_full_blocks(request)
-        now = time.perf_counter()
-        outputs = []
-        for group in advanced.values():
-            metrics = group.metrics
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            metrics.token_times.append(now)
-            metrics.num_output_tokens = sum(len(r.output_token_ids) for r in group.requests)
-            finished = group.finished
-            if finished:
-                metrics.finished_time = now
-                del self.groups[group.request_id]
-            if finished or group.output_kind != "final":
-                outputs.append(group.output(finished))
-        return outputs
-
-    def _sample(
-        self, plan: SchedulerOutput, out: ModelOutput, skip: Collection[str] = ()
-    ) -> list[tuple[Request, list[int]]]:
-        """New tokens for each request that reached the end of its tokens. A group whose prompt has just been
-        computed forks its other ``n - 1`` completions here, each sampling from the same logits row."""
-        rows, requests = [], []
-        forked = False
-        for request in plan.scheduled:
-            span = out.rows.get(request.request_id)
-            if span is None or request.request_id in skip:
-                continue
-            rows.append(span.stop - 1)
-            requests.append(request)
-            group = request.group
-            if len(group.requests) < group.params.n:
-                forked = True
-                for index in range(1, group.params.n):
-                    child = self._new_request(group, index)
-                    self.kv.fork(request, child)
-                    child.num_computed = request.num_computed
-                    self.scheduler.add_running(child, after=request)
-                    rows.append(span.stop - 1)
-                    requests.append(child)
-        if not rows:
-            return []
-        logits = out.logits
-        in_order = not forked and len(rows) == logits.shape[0]  # the rows are exactly the logits, in order
-        if all(r.params.greedy for r in requests):
-            if not in_order:
-                logits = logits.index_select(0, self.sampling.logits_index(rows))
-            token_ids = logits.argmax(dim=-1)
-        else:
-            drawn = self.sampling.sample_rows(requests, rows)
-            if not in_order:
-                logits = logits.index_select(0, drawn.logits_index)
-            token_ids = sample(filtered_probs(logits, drawn.settings), drawn.uniform)
-        tokens = self.runner.read_tokens(token_ids)
-        return [(r, [token]) for r, token in zip(requests, tokens)]
-
-    def _update(self, request: Request, tokens: list[int]) -> None:
-        """The one update path: append any number of accepted tokens, apply the stop rules, and free a
-        finished request's blocks."""
-        request.append_tokens(tokens, request.group.stop_token_ids, self.max_model_len)
-        if request.status is Status.FINISHED:
-            self.scheduler.finish(request)

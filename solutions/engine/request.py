@@ -3,18 +3,21 @@
 ``Request`` is what the scheduler schedules: one token sequence with its KV blocks (owned by the
 ``KVCacheManager`` under ``request_id``), its sampled tokens, its detokenizer and its stop test.
 ``RequestGroup`` is what the user submitted: one prompt and ``SamplingParams.n`` completions. With
-``n > 1`` the group's first request prefills the prompt alone; when its first token is sampled, the other
-completions fork from it, sharing every prompt block (copy-on-write on the last, partly full one).
+``n > 1`` the group's first request prefills the prompt alone, its other completions waiting in
+``RequestGroup.unforked``; the step that samples its first token draws theirs from the same logits row, and
+the update path forks them from it, sharing every prompt block (copy-on-write on the last, partly full one).
+``RequestGroup.create`` validates what was submitted, so a bad prompt fails before anything is queued.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 
 import torch
 
 from ..sampling_params import SamplingParams
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, NullDetokenizer
 from .outputs import CompletionOutput, OutputKind, RequestMetrics, RequestOutput
 
 
@@ -105,7 +108,9 @@ class Request:
 class RequestGroup:
     """One submitted prompt and its ``n`` completions; the metrics count every completion's tokens.
     ``stop_token_ids``: the token ids that end a completion
-    (the params' own, plus EOS unless ``ignore_eos``)."""
+    (the params' own, plus EOS unless ``ignore_eos``). Invariant: ``requests`` (the completions the
+    scheduler knows, first one first) + ``unforked`` (built, not yet forked) hold ``n`` requests once
+    ``create`` has built them, and ``unforked`` is empty once the first completion has a token."""
 
     def __init__(
         self,
@@ -122,13 +127,67 @@ class RequestGroup:
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.requests: list[Request] = []
+        self.unforked: list[Request] = []
         self.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids))
         self.output_kind: OutputKind = "cumulative"  # what ``Engine.step`` reports (outputs.OutputKind)
         self._emitted_times = 0  # token_times already handed out ("delta" kind)
 
+    @classmethod
+    def create(
+        cls,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        now: float,
+        new_ids: Iterator[int],
+        tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int],
+    ) -> RequestGroup:
+        """Validate one submission (text or token ids) and build its ``n`` requests: the first to schedule,
+        the rest in ``unforked``. ``request_id`` None: the next of ``new_ids``, taken once the submission is
+        valid. ``tokenizer``: None when the engine has none (token ids only, no stop strings). Raises
+        ValueError (TypeError for params of the wrong type) naming what is wrong."""
+        if tokenizer is None and (isinstance(prompt, str) or getattr(params, "stop", None)):
+            raise ValueError(
+                "this engine has no tokenizer (skip_tokenizer_init=True): "
+                "give prompts as token ids, without stop strings"
+            )
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty: give at least one character or token id")
+            text, token_ids = prompt, tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+            if not token_ids:
+                raise ValueError("prompt token id list is empty")
+            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
+        if len(token_ids) >= max_model_len:
+            raise ValueError(
+                f"prompt is {len(token_ids)} tokens, but the context limit (max_model_len) is "
+                f"{max_model_len} and one token must be left to generate"
+            )
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if request_id is None:
+            request_id = str(next(new_ids))
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        group = cls(request_id, text, token_ids, params, now, stop_ids)
+        for index in range(params.n):
+            if tokenizer is None:
+                detokenizer = NullDetokenizer()
+            else:
+                detokenizer = IncrementalDetokenizer(tokenizer.backend, group.prompt_token_ids, params.stop)
+            name = request_id if index == 0 else f"{request_id}#{index}"
+            (group.unforked if index else group.requests).append(Request(name, group, index, detokenizer))
+        return group
+
     @property
     def finished(self) -> bool:
-        return len(self.requests) == self.params.n and all(r.finished for r in self.requests)
+        return not self.unforked and all(r.finished for r in self.requests)
 
     def output(self, finished: bool) -> RequestOutput:
         """The group's output as of now, in its ``output_kind``; ``finished``: ``self.finished``, which the

@@ -3,9 +3,13 @@
 propose(running)      every request in its decode phase gets ``spec_token_ids`` (a chain, or a tree's
                       nodes in parent-first order); the scheduler then plans ``1 + k`` tokens for it
 runner.execute(...)   one pass over the root and its drafts (trees: depth positions and a tree mask)
-verify(plan, out)     rejection sampling (chains, batched) or the tree walk; the accepted tokens' K/V
+verify(plan, out)     (after the step advanced each request's ``num_computed`` by its planned tokens)
+                      rejection sampling (chains, batched) or the tree walk; the accepted tokens' K/V
                       stay (a tree's path is moved up behind the context), the rest is truncated;
                       the drafter sees the target's features at the accepted positions
+
+``Engine.step`` calls these three on ``NO_SPECULATION`` when the engine does not speculate: the step has
+one path either way.
 """
 
 from __future__ import annotations
@@ -106,16 +110,15 @@ class Speculator:
             self.draft_probs[request.request_id] = draft.probs
 
     @torch.inference_mode()
-    def verify(
-        self, plan: SchedulerOutput, out: ModelOutput, computed_before: dict[str, int]
-    ) -> dict[str, list[int]]:
-        """Accept drafts for every request that verified some, fix its KV and ``num_computed``; feed the
-        drafter every scheduled request's features. Returns the tokens to append, by request id."""
+    def verify(self, plan: SchedulerOutput, out: ModelOutput) -> dict[str, list[int]]:
+        """Accept drafts for every request that verified some, fix its KV and ``num_computed`` (which the
+        step has advanced by the planned tokens, drafts included); feed the drafter every scheduled
+        request's features. Returns the tokens to append, by request id."""
         hidden_start, chains, tokens = 0, [], {}
         for request in plan.scheduled:
             request_id = request.request_id
             num_new = plan.num_scheduled_tokens[request_id]
-            before = computed_before[request_id]
+            before = request.num_computed - num_new
             num_drafts = num_new - 1 if request.spec_token_ids and before == request.num_tokens - 1 else 0
             hidden_rows = range(hidden_start, hidden_start + num_new)
             hidden_start += num_new
@@ -232,3 +235,21 @@ class Speculator:
             else:
                 hidden = out.hidden[torch.tensor(hidden_rows, device=out.hidden.device)]
             self.drafter.observe(request_id, target_features(self.model, hidden), first_position)
+
+
+class NoSpeculation:
+    """The speculator of an engine that does not speculate: drafts nothing, so verifies nothing."""
+
+    needs_hidden = False
+
+    def propose(self, running: list[Request]) -> None:
+        pass
+
+    def tree_parents(self) -> None:
+        return None
+
+    def verify(self, plan: SchedulerOutput, out: ModelOutput) -> dict[str, list[int]]:
+        return {}
+
+
+NO_SPECULATION = NoSpeculation()
