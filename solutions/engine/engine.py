@@ -4,8 +4,8 @@ appends, and returns what advanced.
     step():  spec.propose(running)                 drafts, when speculating (speculator.py; else nothing)
              plan = scheduler.schedule()           which requests run how many tokens (no tensors)
              out = runner.execute(plan)            one flat forward pass over every scheduled token
-             spec.verify(plan, out)                accepted runs of drafts (Lesson 4)
-             tokens = _sample(plan, out)           one batched draw on the device for the other rows, read
+             verified = spec.verify(plan, out)     accepted runs of drafts (Lesson 4), read back
+             tokens = _sample(plan, out, verified) one batched draw on the device for the other rows, read
                                                    back with the step's one device-to-host copy
              _update(plan, tokens)                 fork n > 1 completions, append any number of tokens,
                                                    stop rules, free blocks
@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -124,8 +123,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output of every streamed request that advanced in it (its deltas and
         text so far), and of every request that finished in it. Invariant: a step that ran the model reads
-        its sampled ids back (``runner.read_tokens``, even none) before it returns, so nothing it sent to
-        the device is still in flight when the next step writes its inputs."""
+        the device back before it returns (its sampled ids, even none, or the verify's verdicts), so no copy
+        it sent from a staging buffer is still in flight when the next step writes its inputs."""
         spec = self.speculator or NO_SPECULATION
         spec.propose(self.scheduler.running)  # drafts: the scheduler then plans 1 + k tokens for a request
         plan = self.scheduler.schedule()
@@ -136,8 +135,7 @@ class Engine:
         for request in plan.scheduled:
             request.num_computed += plan.num_scheduled_tokens[request.request_id]
         verified = spec.verify(plan, out)  # accepted runs; the rejected drafts' K/V rolled back
-        new_tokens = self._sample(plan, out, skip=verified.keys())  # the step's one read
-        new_tokens += [(r, verified[r.request_id]) for r in plan.scheduled if r.request_id in verified]
+        new_tokens = self._sample(plan, out, verified)  # the step's one read (or the verify's)
         advanced = self._update(plan, new_tokens)
         return self._outputs(advanced)
 
@@ -151,21 +149,26 @@ class Engine:
                 metrics.num_cached_tokens = request.num_computed
 
     def _sample(
-        self, plan: SchedulerOutput, out: ModelOutput, skip: Collection[str] = ()
+        self, plan: SchedulerOutput, out: ModelOutput, verified: dict[str, list[int]]
     ) -> list[tuple[Request, list[int]]]:
-        """One new token for each request that reached the end of its tokens (not in ``skip``), and for each
-        unforked completion of its group (n > 1: every completion draws from the first one's row). Reads the
-        ids back even when no row is sampled (a prompt chunk alone): that read ends the step's device work."""
-        requests, rows = [], []
+        """Each advancing request's new tokens, in plan order: the ``verified`` run of a request that verified
+        drafts, else one token drawn for each request that reached the end of its tokens and for each
+        unforked completion of its group (n > 1: they draw from the first one's row, and follow it). Reads
+        the drawn ids back even when none was drawn (a prompt chunk alone), unless the verify has read:
+        either read ends the step's device work."""
+        requests, rows, accepted = [], [], []
         for request in plan.scheduled:
             span = out.rows.get(request.request_id)
-            if span is None or request.request_id in skip:
-                continue
-            for draw in (request, *request.group.unforked):
-                requests.append(draw)
-                rows.append(span.stop - 1)
+            if request.request_id in verified:
+                accepted.append((request, verified[request.request_id]))
+            elif span is not None:
+                for draw in (request, *request.group.unforked):
+                    requests.append(draw)
+                    rows.append(span.stop - 1)
+        if not rows and verified:
+            return accepted
         tokens = self.runner.read_tokens(self._draw(out.logits, requests, rows))
-        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)]
+        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)] + accepted
 
     def _draw(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> torch.Tensor:
         """One token id per request, ``requests[i]`` drawing from ``logits[rows[i]]`` on the device."""
