@@ -129,7 +129,7 @@ def test_step_breakdown_splits_decode_steps_into_parts(tiny_folder):
     """The spec rows' breakdown: every decode step after the prefill, its parts adding up to the step, and the
     share of forwards a graph replayed (here recorded graphs: all of them, drafts verified included)."""
     from solutions import LLM, SamplingParams
-    from solutions.bench.gpu_speculative import step_breakdown
+    from solutions.bench.step_split import step_breakdown
     from solutions.engine.cuda_graphs import RecordedCall
 
     llm = LLM(

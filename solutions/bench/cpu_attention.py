@@ -14,12 +14,13 @@ but gathered (the path every table but an ascending one took before), for the co
 
 from __future__ import annotations
 
-import time
+import functools
 
 import torch
 
 from ..kernels import paged_torch
 from ..kernels.blocks import cdiv
+from .timing import alternating_ms
 
 LENGTHS = (128, 512, 2048)
 LAYERS, BLOCK_SIZE, KV_HEADS, Q_HEADS, HEAD_DIM = 30, 16, 3, 9, 64  # SmolLM2-135M's attention
@@ -46,15 +47,14 @@ def attention_table(repeats: int = 5) -> list[str]:
             num_blocks = cdiv(length, BLOCK_SIZE)
             k_cache, v_cache = torch.randn(2, LAYERS, num_blocks + 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
             q = torch.randn(1, Q_HEADS, HEAD_DIM)
-            best: dict[str, float] = {}
-            for _ in range(repeats):  # rounds alternate between the layouts; each keeps its fastest
-                for name, (blocks, in_place) in layouts(num_blocks).items():
-                    paged_torch.context_run = context_run if in_place else lambda *args: None
-                    seconds = _step_seconds(q, k_cache, v_cache, blocks, length)
-                    best[name] = min(best.get(name, float("inf")), seconds)
+            steps = {
+                name: functools.partial(_step, q, k_cache, v_cache, blocks, length, context_run, in_place)
+                for name, (blocks, in_place) in layouts(num_blocks).items()
+            }
+            best_ms = alternating_ms(steps, repeats, min)  # rounds alternate between the layouts
             kv_bytes = 2 * length * KV_HEADS * HEAD_DIM * k_cache.element_size()
-            for name, seconds in best.items():
-                per_layer = seconds / LAYERS
+            for name, ms in best_ms.items():
+                per_layer = ms / 1e3 / LAYERS
                 rate = kv_bytes / per_layer / 1e9
                 lines.append(f"{length:>8}  {name:<22}{per_layer * 1e6:>10.1f}{rate:>8.1f}")
     finally:
@@ -63,11 +63,11 @@ def attention_table(repeats: int = 5) -> list[str]:
 
 
 @torch.inference_mode()
-def _step_seconds(q, k_cache, v_cache, blocks: list[int], length: int) -> float:
+def _step(q, k_cache, v_cache, blocks: list[int], length: int, context_run, in_place: bool) -> None:
+    """One step's attention over every layer; ``in_place=False`` takes the step's in-place read away."""
+    paged_torch.context_run = context_run if in_place else lambda *args: None
     table = torch.tensor([blocks], dtype=torch.int32)
     starts, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([length], dtype=torch.int32)
-    start = time.perf_counter()
     step = paged_torch.TorchPagedStep(table, starts, lens, BLOCK_SIZE, length, k_cache.dtype)
     for layer in range(LAYERS):
         step.attend(q, k_cache[layer], v_cache[layer])
-    return time.perf_counter() - start

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 
 from ..llm import LLM
 from ..model import loader
@@ -12,71 +11,8 @@ from ..sampling_params import SamplingParams
 from ..speculative.eagle import SPEC_DIR
 from .gpu_report import Section, SectionSkipped
 from .gpu_setup import CPU_KV_CACHE_BYTES, Sizes
+from .step_split import step_breakdown
 from .timing import device_sync
-
-
-def step_breakdown(llm: LLM, prompt: list[int], params: SamplingParams, sync: Callable[[], None]) -> dict:
-    """One request decoded alone, each step after its prefill split by part with the device synchronised at
-    every boundary (so the parts add up to the step, and the step is slower than unsynchronised): ms a step
-    drafting (the speculator's ``propose``), in the forward (``runner.execute``) and in the rest (scheduling,
-    verifying, sampling, outputs); and the share of forwards replayed from a decode graph."""
-    engine = llm.engine
-    spent = {"draft": 0.0, "forward": 0.0, "step": 0.0}
-    counts = {"steps": 0, "forwards": 0, "replayed": 0}
-
-    def timed(part: str, fn: Callable) -> Callable:
-        def run(*args, **kwargs):
-            sync()
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            sync()
-            spent[part] += time.perf_counter() - start
-            return out
-
-        return run
-
-    def counted(key: str, fn: Callable) -> Callable:
-        def run(*args, **kwargs):
-            counts[key] += 1
-            return fn(*args, **kwargs)
-
-        return run
-
-    runner, spec = engine.runner, engine.speculator
-    execute, replay = runner.execute, runner.graphs.replay if runner.graphs is not None else None
-    propose = spec.propose if spec is not None else None
-    runner.execute = counted("forwards", timed("forward", execute))
-    if replay is not None:
-        runner.graphs.replay = counted("replayed", replay)
-    if propose is not None:
-        spec.propose = timed("draft", propose)
-    try:
-        engine.add_request(prompt, params)
-        engine.step()  # the prefill, left out: the parts are the decode steps'
-        spent.update(dict.fromkeys(spent, 0.0))
-        counts.update(dict.fromkeys(counts, 0))
-        while engine.has_unfinished_requests():
-            sync()
-            start = time.perf_counter()
-            engine.step()
-            sync()
-            spent["step"] += time.perf_counter() - start
-            counts["steps"] += 1
-    finally:
-        runner.execute = execute
-        if replay is not None:
-            runner.graphs.replay = replay
-        if propose is not None:
-            spec.propose = propose
-    per_step = {part: 1e3 * seconds / max(1, counts["steps"]) for part, seconds in spent.items()}
-    return {
-        "steps": counts["steps"],
-        "step_ms": per_step["step"],
-        "draft_ms": per_step["draft"],
-        "forward_ms": per_step["forward"],
-        "other_ms": per_step["step"] - per_step["draft"] - per_step["forward"],
-        "graph_share": counts["replayed"] / max(1, counts["forwards"]),
-    }
 
 
 def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:

@@ -1,4 +1,4 @@
-"""In-process serving experiments on the engine: Poisson arrivals, static batching, and a per-step timeline.
+"""In-process serving experiments on the engine: Poisson arrivals and static batching.
 
 ``run_with_arrivals`` plays a client population: request ``i`` arrives at a Poisson time (rate ``rate`` per
 second) and is added to the engine at that moment, while the engine steps whenever it has work. Its metrics
@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..engine.engine import Engine
 from ..engine.outputs import RequestOutput
-from ..engine.scheduler import SchedulerOutput
 from ..llm import LLM
 from ..sampling_params import SamplingParams
 from .throughput import Workload
@@ -111,48 +107,3 @@ class LatencySummary:
             tpot_p99=percentile(tpot, 99),
             output_tokens_per_s=sum(o.metrics.num_output_tokens for o in outputs) / wall_s,
         )
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one engine step ran: decode tokens, prefill-chunk tokens,
-    requests preempted, queue lengths after."""
-
-    decode_tokens: int
-    prefill_tokens: int
-    preempted: int
-    running: int
-    waiting: int
-
-
-@contextmanager
-def record_steps(engine: Engine) -> Iterator[list[StepRecord]]:
-    """Collect a ``StepRecord`` for every ``engine.step()`` run inside the ``with`` block."""
-    records: list[StepRecord] = []
-    scheduler = engine.scheduler
-    schedule = scheduler.schedule
-
-    def recording_schedule() -> SchedulerOutput:
-        plan = schedule()
-        # A decode computes the one token it sampled last step (plus any drafts); anything else is prefill.
-        decodes = sum(
-            plan.num_scheduled_tokens[r.request_id]
-            for r in plan.scheduled
-            if r.output_token_ids and r.num_computed == r.num_tokens - 1
-        )
-        records.append(
-            StepRecord(
-                decode_tokens=decodes,
-                prefill_tokens=plan.total_tokens - decodes,
-                preempted=len(plan.preempted),
-                running=len(scheduler.running),
-                waiting=len(scheduler.waiting),
-            )
-        )
-        return plan
-
-    scheduler.schedule = recording_schedule
-    try:
-        yield records
-    finally:
-        del scheduler.schedule

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,20 +45,11 @@ def step_linears(model: nn.Module) -> list[nn.Module]:
 def linear_seconds(model: nn.Module, rows: int = 1, repeats: int = 5, head_rows: int | None = None) -> float:
     """Fastest of ``repeats`` runs of every linear of a step on ``rows``-row inputs
     (``head_rows`` for the LM head)."""
-    linears = step_linears(model)
-    dtype = model.norm.weight.dtype
-    inputs = {}
-    for i, linear in enumerate(linears):
-        n = head_rows if (head_rows is not None and i == len(linears) - 1) else rows
-        inputs.setdefault((n, linear.in_features), torch.randn(n, linear.in_features, dtype=dtype))
+    linears, dtype, inputs = step_linears(model), model.norm.weight.dtype, {}
+    row_counts = [rows] * (len(linears) - 1) + [rows if head_rows is None else head_rows]
     calls = [
-        (
-            linear,
-            inputs[
-                (head_rows if head_rows is not None and i == len(linears) - 1 else rows, linear.in_features)
-            ],
-        )
-        for i, linear in enumerate(linears)
+        (m, inputs.setdefault((n, m.in_features), torch.randn(n, m.in_features, dtype=dtype)))
+        for m, n in zip(linears, row_counts)
     ]
     best = float("inf")
     for _ in range(repeats + 1):  # the first run warms up (and makes any packed layout)
@@ -91,30 +82,52 @@ SPLIT = ("matrix products", "compiled layers", "attention", "elementwise", "samp
 CHAIN_NAMES = ("add_rms_norm", "rope", "silu_mul")  # the LayerOps functions, timed as elementwise
 
 
-class _Clock:
-    """Seconds spent inside timed calls, by part of the step."""
+class StepClock:
+    """Seconds spent inside timed calls and how many calls, by part of the step. With a device ``sync``
+    each timed call waits for the device at both ends, so nested parts add up to the step on a GPU too."""
 
-    def __init__(self):
+    def __init__(self, sync: Callable[[], None] = lambda: None):
+        self.sync = sync
         self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
 
     def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        seconds = self.seconds
+        seconds, calls, sync = self.seconds, self.calls, self.sync
 
         def timed_call(*args: Any, **kwargs: Any) -> Any:
+            sync()
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                sync()
                 seconds[part] += time.perf_counter() - start
+                calls[part] += 1
 
         return timed_call
+
+    @contextmanager
+    def wrapping(self, targets: list[tuple[Any, str, str]]) -> Iterator[None]:
+        """Inside, each ``(owner, attribute, part)`` of ``targets`` is timed as ``part``; on exit every
+        attribute is as it was (an instance attribute set, or none)."""
+        before = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in targets]
+        for owner, name, part in targets:
+            setattr(owner, name, self.timed(part, getattr(owner, name)))
+        try:
+            yield
+        finally:
+            for owner, name, previous in reversed(before):
+                if previous is None:
+                    owner.__dict__.pop(name, None)
+                else:
+                    setattr(owner, name, previous)
 
 
 class _TimedAttend:
     """The model's ``attend``, every call timed as attention (``rope_store_attend`` too, where offered);
     ``decode_context`` (the compiled layers' way in) is passed through untimed."""
 
-    def __init__(self, attend, clock: _Clock):
+    def __init__(self, attend, clock: StepClock):
         self._attend, self._call = attend, clock.timed("attention", attend)
         if hasattr(attend, "rope_store_attend"):
             self.rope_store_attend = clock.timed("attention", attend.rope_store_attend)
@@ -126,7 +139,7 @@ class _TimedAttend:
 
 
 @contextmanager
-def _timers(engine, clock: _Clock):
+def _timers(engine, clock: StepClock) -> Iterator[None]:
     """Wrap the parts of ``engine``'s step in ``clock``'s timers (instance attributes: removed on exit)."""
     model = engine.model
     wrapped = [(m, "forward", "matrix products") for m in step_linears(model)]
@@ -139,16 +152,14 @@ def _timers(engine, clock: _Clock):
             fused_decode.attention = clock.timed("attention", fused_decode.attention)
         elif fused_decode is not None:  # whole layers in one call each: their products are inside
             model.fused_decode = clock.timed("compiled layers", fused_decode)
-        for owner, name, part in wrapped:
-            setattr(owner, name, clock.timed(part, getattr(owner, name)))
         model.forward = lambda ids, positions, attend: forward(ids, positions, _TimedAttend(attend, clock))
         chains = {f: clock.timed("elementwise", getattr(ops, f)) for f in CHAIN_NAMES}
         model.use_ops(replace(ops, **chains))
-        yield
+        with clock.wrapping(wrapped):
+            yield
     finally:
         model.use_ops(ops)
-        for owner, name, _ in [*wrapped, (model, "forward", None)]:
-            owner.__dict__.pop(name, None)
+        model.__dict__.pop("forward", None)
         model.fused_decode = fused_decode
         if compiled_attention is not None:
             fused_decode.attention = compiled_attention
@@ -174,13 +185,13 @@ def measure_step_split(llm: LLM, prompt: str, new_tokens: int = 32, repeats: int
     llm.generate(prompt, params)  # warm up
     runs = []
     for _ in range(repeats):
-        clock = _Clock()
+        clock = StepClock()
         per_step: list[dict[str, float]] = []
         step = llm.engine.step
 
         def one_step(
             step: Callable[[], list[RequestOutput]] = step,
-            clock: _Clock = clock,
+            clock: StepClock = clock,
             per_step: list[dict[str, float]] = per_step,
         ) -> list[RequestOutput]:
             before = dict(clock.seconds)
@@ -213,3 +224,36 @@ def split_lines(split: StepSplit, products_alone_ms: float, untimed_step_ms: flo
     lines.append(f"{'timed step':<24}{split.step_ms:>8.2f}   (untimed {untimed_step_ms:.2f} ms)")
     lines.append(f"{'matrix products alone':<24}{products_alone_ms:>8.2f}   (the linears back to back)")
     return lines
+
+
+def step_breakdown(llm: LLM, prompt: list[int], params: SamplingParams, sync: Callable[[], None]) -> dict:
+    """One request decoded alone, each step after its prefill split by part with the device synchronised at
+    every boundary (so the parts add up to the step, and the step is slower than unsynchronised): ms a step
+    drafting (the speculator's ``propose``), in the forward (``runner.execute``) and in the rest (scheduling,
+    verifying, sampling, outputs); and the share of forwards replayed from a decode graph."""
+    engine, clock = llm.engine, StepClock(sync)
+    runner, spec = engine.runner, engine.speculator
+    targets = [(runner, "execute", "forward")]
+    if runner.graphs is not None:
+        targets.append((runner.graphs, "replay", "replayed"))
+    if spec is not None:
+        targets.append((spec, "propose", "draft"))
+    with clock.wrapping(targets):
+        engine.add_request(prompt, params)
+        engine.step()  # the prefill, left out: the parts are the decode steps'
+        clock.seconds.clear()
+        clock.calls.clear()
+        while engine.has_unfinished_requests():
+            clock.timed("step", engine.step)()
+    steps = clock.calls["step"]
+    step_ms, draft_ms, forward_ms = (
+        1e3 * clock.seconds[p] / max(1, steps) for p in ("step", "draft", "forward")
+    )
+    return {
+        "steps": steps,
+        "step_ms": step_ms,
+        "draft_ms": draft_ms,
+        "forward_ms": forward_ms,
+        "other_ms": step_ms - draft_ms - forward_ms,
+        "graph_share": clock.calls["replayed"] / max(1, clock.calls["forward"]),
+    }

@@ -7,7 +7,6 @@ products at a large batch, turned into the tokens/s a forward pass could reach i
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from ..llm import LLM
 from ..model.tokenizer import TextTokenizer
 from ..sampling_params import SamplingParams
 from .hf_peer import hf_generate, left_padded
+from .step_split import linear_flops, linear_seconds
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -141,29 +141,9 @@ def run_hf_static(
     return Throughput(f"HF generate, static batches of {batch_size}", wall, prompt_tokens, useful, done)
 
 
-def compute_ceiling_tokens_per_s(
-    model: torch.nn.Module, batch: int = 512, repeats: int = 3
-) -> tuple[float, float]:
-    """(FLOP/s, tokens/s): time the model's matrix shapes at ``batch`` rows (one of each distinct linear,
-    weighted by how often a forward pass uses it) and divide a token's matmul FLOPs by the time they take.
-    Each linear runs through the module itself, so on CPU it takes the path measured fastest for a
-    prompt's rows (``CpuLinear``)."""
-    linears: dict[tuple[int, int], tuple[int, torch.nn.Module]] = {}
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            key = (module.out_features, module.in_features)
-            count, _ = linears.get(key, (0, module))
-            linears[key] = (count + 1, module)
-    seconds, flops = 0.0, 0.0
-    with torch.inference_mode():
-        for (out_features, in_features), (count, module) in linears.items():
-            x = torch.randn(batch, in_features, dtype=module.weight.dtype, device=module.weight.device)
-            module(x)
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                module(x)
-                times.append(time.perf_counter() - start)
-            seconds += count * statistics.median(times)
-            flops += count * 2 * batch * in_features * out_features
-    return flops / seconds, batch / seconds
+def compute_ceiling_tokens_per_s(model: torch.nn.Module, batch: int = 512) -> tuple[float, float]:
+    """(FLOP/s, tokens/s): every linear of a forward pass, the LM head included, at ``batch`` rows
+    (``step_split.linear_seconds``: through the modules themselves, so on CPU each takes the path measured
+    fastest for a prompt's rows), a token's matmul FLOPs divided by the time they take."""
+    seconds = linear_seconds(model, rows=batch, repeats=3, head_rows=batch)
+    return linear_flops(model, batch, head_rows=batch) / seconds, batch / seconds

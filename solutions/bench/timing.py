@@ -3,6 +3,8 @@
 - ``median_ms``: on CUDA the median of ``triton.testing.do_bench`` (its own warm-up and repeats, the L2 cache
   flushed before each, the device synchronised around them); elsewhere one warm-up call, then the median of
   ``repeats`` wall-clock runs.
+- ``alternating_ms``: several candidates timed in rounds that run each once in turn, so a drift of a noisy
+  machine's speed hits them alike (the CPU tables' form).
 - ``bandwidth_gbps``: a buffer copied on the device (bytes read + written, the GPU benches' ceiling) or summed
   (bytes read, what a decode step does to its weights: the CPU roofline), timed by ``median_ms``, so that
   every roofline and every "of copy" column is the same measurement.
@@ -42,6 +44,24 @@ def median_ms(fn: Callable[[], object], device: Device = "cpu", repeats: int = 5
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def alternating_ms(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    pick: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """Milliseconds of each ``fns[name]()``: one warm-up call each, then ``repeats`` rounds calling every one
+    once in turn; ``pick`` (the median, or ``min``) of each one's times."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: pick(t) for name, t in times.items()}
 
 
 def timer_name(device: Device, repeats: int = 5) -> str:

@@ -19,13 +19,13 @@ through the Triton interpreter on a CPU (a check that the script works, not a ti
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 
 import torch
 
 from ...bench.machine import machine_name
 from ...bench.moe import GPU_SHAPES, NUM_EXPERTS, TOP_K, kernel_table, make_layer, runners
+from ...bench.timing import alternating_ms
 from ...model.moe_router import route
 
 
@@ -36,17 +36,10 @@ def cpu_table(args: argparse.Namespace) -> list[tuple[int, dict[str, float], int
     rows = []
     for tokens in args.tokens:
         x = torch.randn(tokens, args.hidden, generator=torch.Generator().manual_seed(tokens))
-        times: dict[str, list[float]] = {name: [] for name in fns}
         with torch.inference_mode():
-            for fn in fns.values():
-                fn(x)  # warm-up
-            for _ in range(args.repeats):
-                for name, fn in fns.items():
-                    start = time.perf_counter()
-                    fn(x)
-                    times[name].append((time.perf_counter() - start) * 1e3)
+            ms = alternating_ms({name: functools.partial(fn, x) for name, fn in fns.items()}, args.repeats)
         touched = route(x @ layer["router"].t(), TOP_K).experts.unique().numel()
-        rows.append((tokens, {name: statistics.median(t) for name, t in times.items()}, touched))
+        rows.append((tokens, ms, touched))
     return rows
 
 
