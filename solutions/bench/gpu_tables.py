@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 SHAPE_SECTIONS = ("model", "decode", "profile", "sweep", "throughput")
 
 
@@ -86,6 +88,11 @@ def _model(s: dict) -> list[str]:
     ]
 
 
+def _columns(records: list[dict], columns: dict[str, Callable[[dict], str]]) -> list[str]:
+    """A table of one row per record, each column's cell ``columns[name](record)``."""
+    return _table(list(columns), [[cell(r) for cell in columns.values()] for r in records])
+
+
 def _decode(s: dict) -> list[str]:
     caption = (
         f"Prompt {s['prompt_tokens']} tokens, (t({s['new_tokens']} tokens) - t(1 token)) / "
@@ -93,11 +100,12 @@ def _decode(s: dict) -> list[str]:
         f"{s['weight_bytes_per_token'] / 1e9:.3f} GB of weights per token at the copy bandwidth = "
         f"{_num(s.get('roofline_tok_s'), 0)} tok/s."
     )
-    rows = [
-        [r["label"], _num(r["tok_s"]), _num(r["ms_per_token"], 2), _share(r.get("roofline_share"))]
-        for r in s["rows"]
-    ]
-    lines = [caption, "", *_table(["engine", "tok/s", "ms/token", "of roofline"], rows)]
+    table = _columns(s["rows"], {
+        "engine": lambda r: r["label"], "tok/s": lambda r: _num(r["tok_s"]),
+        "ms/token": lambda r: _num(r["ms_per_token"], 2),
+        "of roofline": lambda r: _share(r.get("roofline_share")),
+    })  # fmt: skip
+    lines = [caption, "", *table]
     if s.get("ratios"):
         ratios = [f"{k.replace('_vs_', ' / ').replace('hf', 'HF')} {v:.2f}x" for k, v in s["ratios"].items()]
         lines += ["", "tok/s ratios: " + ", ".join(ratios)]
@@ -110,16 +118,15 @@ def _profile(s: dict) -> list[str]:
         f"timed one by one; the rest per step from torch.profiler over {s['profiled_steps']} more steps."
         + ("" if s.get("on_cuda") else " No CUDA here: device columns are not measured.")
     )
-    columns = ["engine", "batch", "wall ms", "GPU busy ms", "busy share", "kernels/step", "kernels/layer",
-               "host syncs/step", "H2D copies/step (pageable)", "D2H copies/step"]  # fmt: skip
-    rows = [
-        [r["engine"], str(r["batch"]), _num(r["wall_ms"], 2), _num(r["gpu_busy_ms"], 2),
-         _share(r["busy_share"]), _num(r["kernels"], 0), _num(r["kernels_per_layer"], 1),
-         _num(r["host_syncs"], 1), f"{_num(r['h2d_copies'], 1)} ({_num(r['h2d_pageable'], 1)})",
-         _num(r["d2h_copies"], 1)]
-        for r in s["rows"]
-    ]  # fmt: skip
-    return [caption, "", *_table(columns, rows)]
+    return [caption, "", *_columns(s["rows"], {
+        "engine": lambda r: r["engine"], "batch": lambda r: str(r["batch"]),
+        "wall ms": lambda r: _num(r["wall_ms"], 2), "GPU busy ms": lambda r: _num(r["gpu_busy_ms"], 2),
+        "busy share": lambda r: _share(r["busy_share"]), "kernels/step": lambda r: _num(r["kernels"], 0),
+        "kernels/layer": lambda r: _num(r["kernels_per_layer"], 1),
+        "host syncs/step": lambda r: _num(r["host_syncs"], 1),
+        "H2D copies/step (pageable)": lambda r: f"{_num(r['h2d_copies'], 1)} ({_num(r['h2d_pageable'], 1)})",
+        "D2H copies/step": lambda r: _num(r["d2h_copies"], 1),
+    })]  # fmt: skip
 
 
 def _sweep(s: dict) -> list[str]:
@@ -129,20 +136,14 @@ def _sweep(s: dict) -> list[str]:
     )
     engines = list(dict.fromkeys(r["engine"] for r in s["rows"]))
     by_key = {(r["engine"], r["batch"]): r for r in s["rows"]}
-    columns = ["batch"] + [
-        f"{e} {c}" for e in engines for c in ("step ms", "tok/s per request", "aggregate tok/s")
-    ]
-    rows = []
-    for b in sorted({r["batch"] for r in s["rows"]}):
-        row = [str(b)]
-        for r in (by_key.get((e, b), {}) for e in engines):
-            row += [
-                _num(r.get("step_ms"), 2),
-                _num(r.get("per_request_tok_s")),
-                _num(r.get("aggregate_tok_s"), 0),
-            ]
-        rows.append(row)
-    return [caption, "", *_table(columns, rows)]
+    figures = {"step ms": ("step_ms", 2), "tok/s per request": ("per_request_tok_s", 1),
+               "aggregate tok/s": ("aggregate_tok_s", 0)}  # fmt: skip
+    columns = {"batch": lambda b: str(b)} | {
+        f"{e} {name}": lambda b, e=e, key=key, digits=digits: _num(by_key.get((e, b), {}).get(key), digits)
+        for e in engines
+        for name, (key, digits) in figures.items()
+    }
+    return [caption, "", *_columns(sorted({r["batch"] for r in s["rows"]}), columns)]
 
 
 def _throughput(s: dict) -> list[str]:
@@ -151,17 +152,12 @@ def _throughput(s: dict) -> list[str]:
         f"{w['description']}: {w['requests']} requests, {w['prompt_tokens']:,} prompt and "
         f"{w['output_tokens']:,} output tokens."
     )
-    rows = [
-        [
-            r["label"],
-            str(r["requests"]),
-            f"{r['output_tokens']:,}",
-            _num(r["wall_s"], 2),
-            _num(r["output_tok_s"]),
-        ]
-        for r in s.get("rows", [])
-    ]
-    lines = [caption, "", *_table(["engine", "requests", "output tokens", "wall s", "output tok/s"], rows)]
+    table = _columns(s.get("rows", []), {
+        "engine": lambda r: r["label"], "requests": lambda r: str(r["requests"]),
+        "output tokens": lambda r: f"{r['output_tokens']:,}", "wall s": lambda r: _num(r["wall_s"], 2),
+        "output tok/s": lambda r: _num(r["output_tok_s"]),
+    })  # fmt: skip
+    lines = [caption, "", *table]
     if s.get("ratio_vs_hf"):
         lines += ["", f"This engine / HF static batches: {s['ratio_vs_hf']:.2f}x output tok/s."]
     return lines
@@ -172,33 +168,22 @@ def _speculative(s: dict) -> list[str]:
         f"{s['model']}: {s['prompts']} held-back prompts x {s['max_tokens']} tokens, greedy, methods "
         "interleaved prompt by prompt; tok/s over whole requests (prefill included)."
     )
-    rows = [
-        [
-            r["method"],
-            _num(r["tok_s"]),
-            f"{r['speedup']:.2f}x",
-            _num(r["tau"], 2),
-            str(r["outputs_differing"]),
-        ]
-        for r in s["rows"]
-    ]
-    lines = [
-        caption,
-        "",
-        *_table(["method", "tok/s", "vs plain", "tau", "outputs differing from plain"], rows),
-    ]
+    lines = [caption, "", *_columns(s["rows"], {
+        "method": lambda r: r["method"], "tok/s": lambda r: _num(r["tok_s"]),
+        "vs plain": lambda r: f"{r['speedup']:.2f}x", "tau": lambda r: _num(r["tau"], 2),
+        "outputs differing from plain": lambda r: str(r["outputs_differing"]),
+    })]  # fmt: skip
     if s.get("breakdown"):
         lines += [
             "",
             "Where a decode step's time goes (the first prompt alone, after its prefill; the device "
             "synchronised at each part, so the steps are slower than above): ms a step.",
             "",
-        ]
-        parts = ("step_ms", "draft_ms", "forward_ms", "other_ms")
-        rows = [
-            [r["method"], str(r["steps"]), *(_num(r[part], 2) for part in parts), _share(r["graph_share"])]
-            for r in s["breakdown"]
-        ]
-        header = ["method", "steps", "step", "drafting", "forward", "the rest", "forwards from a graph"]
-        lines += _table(header, rows)
+            *_columns(s["breakdown"], {
+                "method": lambda r: r["method"], "steps": lambda r: str(r["steps"]),
+                "step": lambda r: _num(r["step_ms"], 2), "drafting": lambda r: _num(r["draft_ms"], 2),
+                "forward": lambda r: _num(r["forward_ms"], 2), "the rest": lambda r: _num(r["other_ms"], 2),
+                "forwards from a graph": lambda r: _share(r["graph_share"]),
+            }),
+        ]  # fmt: skip
     return lines

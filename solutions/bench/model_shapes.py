@@ -101,34 +101,19 @@ class ModelShape:
         return 2 * sum(torch.Size(s).numel() for s in self.tensor_shapes().values())
 
 
-LLAMA3_IDS = {"bos_token_id": 128000, "eos_token_id": 128001}
-SHAPES = {
-    shape.name: shape
-    for shape in (
-        ModelShape("tiny", "a toy shape for CPU tests",
-                   hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   vocab_size=512, tie_word_embeddings=True, rope_theta=10000.0,
-                   max_position_embeddings=1024),
-        ModelShape("smollm2-135m", "HuggingFaceTB/SmolLM2-135M config.json (the bundled model's shape)",
-                   hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
-                   vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
-                   max_position_embeddings=8192),
-        ModelShape("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B config.json",
-                   hidden_size=2048, num_layers=24, num_heads=32, num_kv_heads=32, intermediate_size=8192,
-                   vocab_size=49152, tie_word_embeddings=True, rope_theta=130000.0,
-                   max_position_embeddings=8192),
-        ModelShape("llama-3.2-1b", "meta-llama/Llama-3.2-1B config.json",
-                   hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
-                   vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
-                   max_position_embeddings=131072, rope_scaling={**LLAMA3_ROPE_SCALING, "factor": 32.0},
-                   **LLAMA3_IDS),
-        ModelShape("llama-3.1-8b", "meta-llama/Llama-3.1-8B config.json",
-                   hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
-                   vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
-                   max_position_embeddings=131072, rope_scaling={**LLAMA3_ROPE_SCALING, "factor": 8.0},
-                   **LLAMA3_IDS),
-    )
-}  # fmt: skip
+LLAMA3 = (128000, 128001)  # bos, eos token ids
+SMOLLM2 = "HuggingFaceTB/SmolLM2-{} config.json"
+SHAPES = {shape.name: shape for shape in (
+    # name, source; hidden, layers, heads, KV heads, intermediate, vocab, tied head, RoPE theta, max positions
+    ModelShape("tiny", "a toy shape for CPU tests", 64, 2, 4, 2, 128, 512, True, 1e4, 1024),
+    ModelShape("smollm2-135m", SMOLLM2.format("135M") + " (the bundled model's shape)",
+               576, 30, 9, 3, 1536, 49152, True, 1e5, 8192),
+    ModelShape("smollm2-1.7b", SMOLLM2.format("1.7B"), 2048, 24, 32, 32, 8192, 49152, True, 1.3e5, 8192),
+    ModelShape("llama-3.2-1b", "meta-llama/Llama-3.2-1B config.json", 2048, 16, 32, 8, 8192, 128256, True,
+               5e5, 131072, {**LLAMA3_ROPE_SCALING, "factor": 32.0}, *LLAMA3),
+    ModelShape("llama-3.1-8b", "meta-llama/Llama-3.1-8B config.json", 4096, 32, 32, 8, 14336, 128256, False,
+               5e5, 131072, {**LLAMA3_ROPE_SCALING, "factor": 8.0}, *LLAMA3),
+)}  # fmt: skip
 
 
 def write_random_checkpoint(shape: ModelShape, folder: Path, device: str = "cpu", seed: int = 0) -> Path:
@@ -160,21 +145,10 @@ def write_bundled_checkpoint(folder: Path) -> tuple[Path, ModelShape]:
     if c.rope_scaling is not None or c.num_local_experts:
         raise ValueError("the bundled model was expected to be a dense Llama without RoPE scaling")
     shape = ModelShape(
-        "bundled",
-        f"the bundled {weights.source.name}",
-        c.hidden_size,
-        c.num_layers,
-        c.num_heads,
-        c.num_kv_heads,
-        c.intermediate_size,
-        c.vocab_size,
-        c.tie_word_embeddings,
-        c.rope_theta,
-        c.max_position_embeddings,
-        None,
-        c.bos_token_id,
-        c.eos_token_id,
-    )
+        "bundled", f"the bundled {weights.source.name}", c.hidden_size, c.num_layers, c.num_heads,
+        c.num_kv_heads, c.intermediate_size, c.vocab_size, c.tie_word_embeddings, c.rope_theta,
+        c.max_position_embeddings, None, c.bos_token_id, c.eos_token_id,
+    )  # fmt: skip
     shapes = shape.tensor_shapes()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(

@@ -176,76 +176,6 @@ def _config_name(config) -> str:
     return f"{tiles} w{config.num_warps} s{config.num_stages}"
 
 
-def prefill_kernel_tflops(
-    num_seqs: int = 4,
-    seq_len: int = 2048,
-    *,
-    q_heads: int = 32,
-    kv_heads: int = 8,
-    head_dim: int = 128,
-    block_size: int = 16,
-    dtype: torch.dtype = torch.bfloat16,
-    device: str | torch.device = "cuda",
-) -> dict:
-    """Causal prefill of ``num_seqs`` fresh sequences of ``seq_len`` tokens: our varlen paged kernel (K/V read
-    through block tables) against torch SDPA on the same K/V stored densely (heads repeated for SDPA, outside
-    the timing). Returns ``ours_tflops``, ``sdpa_tflops``, ``ratio`` (ours / SDPA), ``config`` (the tuned
-    tiles) and ``rel_err`` (ours vs SDPA's output). Raises RuntimeError naming the problem when asked for CUDA
-    without one."""
-    device = torch.device(device)
-    _require(device)
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    k_cache, v_cache, block_table = random_paged_cache(
-        num_seqs, seq_len, kv_heads, head_dim, block_size, dtype, device
-    )
-    q = torch.randn(num_seqs * seq_len, q_heads, head_dim, device=device, dtype=dtype)
-    query_start_loc = torch.arange(0, num_seqs * seq_len + 1, seq_len, device=device, dtype=torch.int32)
-    seq_lens = torch.full((num_seqs,), seq_len, device=device, dtype=torch.int32)
-    dense_q = q.view(num_seqs, seq_len, q_heads, head_dim).transpose(1, 2).contiguous()
-    group = q_heads // kv_heads
-    dense_k, dense_v = (
-        _dense(cache, block_table, seq_len).repeat_interleave(group, dim=1).contiguous()
-        for cache in (k_cache, v_cache)
-    )
-
-    def ours() -> torch.Tensor:
-        return paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            block_table,
-            query_start_loc,
-            seq_lens,
-            max_query_len=seq_len,
-            max_seq_len=seq_len,
-        )
-
-    def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(dense_q, dense_k, dense_v, is_causal=True)
-
-    theirs = sdpa().transpose(1, 2).reshape(q.shape).double()
-    rel_err = ((ours().double() - theirs).norm() / theirs.norm()).item()
-    work = num_seqs * flops(1, q_heads, seq_len, seq_len, head_dim, causal=True)
-    ours_tflops = work / (median_ms(ours, device, 3) * 1e-3) / 1e12
-    sdpa_tflops = work / (median_ms(sdpa, device, 3) * 1e-3) / 1e12
-    return {
-        "device": machine_name(device),
-        "num_seqs": num_seqs,
-        "seq_len": seq_len,
-        "q_heads": q_heads,
-        "kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "dtype": str(dtype).removeprefix("torch."),
-        "config": _config_name(_paged_prefill_tuned.last_config if device.type == "cuda" else None),
-        "ours_tflops": ours_tflops,
-        "sdpa_tflops": sdpa_tflops,
-        "ratio": ours_tflops / sdpa_tflops,
-        "rel_err": rel_err,
-    }
-
-
 def _mark(met: bool | None) -> str:
     return "-" if met is None else ("met" if met else "MISS")
 
@@ -284,19 +214,50 @@ def decode_rows(
 def prefill_rows(
     shapes: list[tuple[int, int, int]], num_seqs: int, seq_len: int, device: torch.device
 ) -> list[str]:
+    """The varlen prefill table: a row per (query heads, KV heads, head dim) of ``shapes``."""
+    _require(device)
     rows = [
         "seqs x len   heads(q/kv/D)  tuned tiles                  ours TF/s  sdpa TF/s  ours/sdpa  goal"
         "  rel err"
     ]
-    for q_heads, kv_heads, head_dim in shapes:
-        r = prefill_kernel_tflops(
-            num_seqs, seq_len, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, device=device
-        )
-        rows.append(
-            f"{num_seqs:4d} x {seq_len:<5d} {q_heads:>5d}/{kv_heads}/{head_dim:<5d} {r['config']:28s} "
-            f"{r['ours_tflops']:9.1f} {r['sdpa_tflops']:10.1f} {r['ratio']:10.2f}  "
-            f"{_mark(r['ratio'] >= PREFILL_GOAL):4s}"
-            f" {r['rel_err']:8.1e}"
-        )
+    for heads in shapes:
+        rows.append(_prefill_row(num_seqs, seq_len, *heads, device))
         print(rows[-1], flush=True)
     return rows
+
+
+def _prefill_row(
+    num_seqs: int, seq_len: int, q_heads: int, kv_heads: int, head_dim: int, device: torch.device
+) -> str:
+    """Causal bf16 prefill of ``num_seqs`` fresh sequences of ``seq_len`` tokens: our varlen paged kernel (K/V
+    read through block tables of 16) against torch SDPA on the same K/V stored densely (heads repeated for
+    SDPA, outside the timing): TFLOP/s, the ratio beside its goal, the tuned tiles, ours' error vs SDPA's."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    k_cache, v_cache, block_table = random_paged_cache(
+        num_seqs, seq_len, kv_heads, head_dim, 16, torch.bfloat16, device
+    )
+    q = torch.randn(num_seqs * seq_len, q_heads, head_dim, device=device, dtype=torch.bfloat16)
+    starts = torch.arange(0, num_seqs * seq_len + 1, seq_len, device=device, dtype=torch.int32)
+    seq_lens = torch.full((num_seqs,), seq_len, device=device, dtype=torch.int32)
+    dense_q = q.view(num_seqs, seq_len, q_heads, head_dim).transpose(1, 2).contiguous()
+    dense_k, dense_v = (
+        _dense(cache, block_table, seq_len).repeat_interleave(q_heads // kv_heads, dim=1).contiguous()
+        for cache in (k_cache, v_cache)
+    )
+    ours = lambda: paged_attention(
+        q, k_cache, v_cache, block_table, starts, seq_lens, max_query_len=seq_len, max_seq_len=seq_len
+    )
+    sdpa = lambda: F.scaled_dot_product_attention(dense_q, dense_k, dense_v, is_causal=True)
+    theirs = sdpa().transpose(1, 2).reshape(q.shape).double()
+    rel_err = ((ours().double() - theirs).norm() / theirs.norm()).item()
+    work = num_seqs * flops(1, q_heads, seq_len, seq_len, head_dim, causal=True)
+    ours_tflops, sdpa_tflops = (work / (median_ms(fn, device, 3) * 1e-3) / 1e12 for fn in (ours, sdpa))
+    ratio = ours_tflops / sdpa_tflops
+    config = _config_name(_paged_prefill_tuned.last_config if device.type == "cuda" else None)
+    return (
+        f"{num_seqs:4d} x {seq_len:<5d} {q_heads:>5d}/{kv_heads}/{head_dim:<5d} {config:28s} "
+        f"{ours_tflops:9.1f} {sdpa_tflops:10.1f} {ratio:10.2f}  {_mark(ratio >= PREFILL_GOAL):4s}"
+        f" {rel_err:8.1e}"
+    )

@@ -20,6 +20,7 @@ from ...bench.attention import GOAL, bench_kernels, cpu_median_ms, naive_attenti
 from ...bench.machine import machine_name
 from ...kernels.attention import gqa_attention
 from ...kernels.flash_attention import flash_attention, flops
+from . import bench_parser
 
 
 def bench_cpu(args: argparse.Namespace) -> list[str]:
@@ -49,7 +50,7 @@ def bench_cpu(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench attention", description=__doc__)
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["float16", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5, help="CPU repeats per measurement")

@@ -36,6 +36,7 @@ from ...model.cpu_layer_ops import cpu_layer_ops
 from ...model.llama import LlamaModel
 from ...paths import DATA_DIR
 from ...sampling_params import SamplingParams
+from . import bench_parser
 
 
 def print_linear_paths(model: LlamaModel) -> None:
@@ -52,9 +53,7 @@ def print_linear_paths(model: LlamaModel) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench decode", description=__doc__.splitlines()[0]
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

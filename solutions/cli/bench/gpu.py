@@ -18,7 +18,6 @@ Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shlex
 import sys
@@ -32,12 +31,11 @@ from ...bench.gpu_setup import FULL, QUICK
 from ...bench.gpu_speculative import measure_speculative
 from ...bench.model_shapes import SHAPES
 from ...bench.timing import bandwidth_gbps, timer_name
+from . import bench_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench gpu", description=__doc__.splitlines()[0]
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument(
         "--shapes",
         "--shape",

@@ -11,21 +11,19 @@ of the outputs' length, with each streamed kind's cost beside "final"'s.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 from ...bench.host_step import measure_host_steps
 from ...bench.machine import machine_name
 from ...bench.model_shapes import SHAPES, write_random_checkpoint
+from . import bench_parser
 
 KINDS = ("final", "cumulative", "delta")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench host", description=__doc__.split("\n")[0]
-    )
+    parser = bench_parser(__name__, __doc__.split("\n")[0])
     parser.add_argument(
         "--batches", type=int, nargs="+", default=[1, 8, 64, 256],
         help="requests per step (default: 1 8 64 256)",

@@ -18,8 +18,6 @@ figures mean nothing.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +27,7 @@ from ...bench.timing import bandwidth_gbps, median_ms
 from ...kernels.awq_gemm import awq_gemm
 from ...quant.pack import pack_int4
 from ...quant.rtn import GroupQuantized, quantize
+from . import bench_parser
 
 GOAL_SHARE = 0.6  # of copy bandwidth, at one row
 LAYER_PRODUCTS = ("qkv", "o", "gate_up", "down")
@@ -110,10 +109,7 @@ def report(results: list[dict], copy_gbps: float, machine: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench int4",
-        description=__doc__.splitlines()[0],
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-1.7b", choices=sorted(SHAPES), help="whose matrices")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="activation rows (batch)")
     parser.add_argument("--group-size", type=int, default=64)

@@ -14,17 +14,16 @@ name.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ...bench.kernels import LAUNCH_GOAL, SHAPES, layer_rows, op_rows
 from ...bench.machine import machine_name
 from ...bench.timing import bandwidth_gbps
+from . import bench_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench kernels", description=__doc__)
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 2048], help="rows per op call")
     parser.add_argument(
         "--batches", type=int, nargs="+", default=[1, 64], help="decode batch of the layer rows"

@@ -25,6 +25,7 @@ from ...bench.kv import GOAL_CONCURRENCY, GOAL_TTFT, GOAL_WASTE, measure_prefix_
 from ...bench.machine import machine_name
 from ...bench.paged_attention import decode_kernel_bandwidth
 from ...llm import LLM
+from . import bench_parser
 
 
 def _print_ttft(args: argparse.Namespace) -> float:
@@ -75,7 +76,7 @@ def _gpu_kernel_line() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench kv", description=__doc__.splitlines()[0])
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000, help="requests in the mix")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=16)

@@ -27,6 +27,7 @@ from ...bench.machine import machine_name
 from ...bench.moe import GPU_SHAPES, NUM_EXPERTS, TOP_K, kernel_table, make_layer, runners
 from ...bench.timing import alternating_ms
 from ...model.moe_router import route
+from . import bench_parser
 
 
 def cpu_table(args: argparse.Namespace) -> list[tuple[int, dict[str, float], int]]:
@@ -44,10 +45,7 @@ def cpu_table(args: argparse.Namespace) -> list[tuple[int, dict[str, float], int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench moe",
-        description=__doc__.splitlines()[0],
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024, help="each expert's intermediate width I")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 4096])

@@ -18,8 +18,6 @@ a check of this code, never a figure. The table is printed last, with the machin
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ...bench.machine import machine_name
@@ -34,10 +32,11 @@ from ...bench.paged_attention import (
     prefill_rows,
 )
 from ...bench.timing import bandwidth_gbps
+from . import bench_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench paged_attention", description=__doc__)
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument(

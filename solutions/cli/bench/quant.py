@@ -14,8 +14,6 @@ weight shapes (``bench int4``'s table at one row).
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ...bench.decode import LLAMA_CPP_MISSING, PROMPT, decode_speeds, llama_cpp_runner, modules_run
@@ -27,7 +25,7 @@ from ...paths import DATA_DIR
 from ...quant.model import weight_bytes
 from ...quant.perplexity import perplexity
 from ...sampling_params import SamplingParams
-from . import int4
+from . import bench_parser, int4
 
 TEXT_DIR = DATA_DIR / "text"
 # Evaluation texts of three genres, none used in AWQ's calibration (data/text/README.md).
@@ -40,9 +38,7 @@ SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench quant", description=__doc__.splitlines()[0]
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")

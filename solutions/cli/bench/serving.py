@@ -20,7 +20,6 @@ server process inherits. Writes a JSON of every figure and per-request time, and
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -45,6 +44,7 @@ from ...bench.serving import (
 )
 from ...engine_options import add_engine_args, engine_options
 from ...serve.launcher import running_server
+from . import bench_parser
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -88,9 +88,7 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench serving", description=__doc__.split("\n\n")[0]
-    )
+    parser = bench_parser(__name__, __doc__.split("\n\n")[0])
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: inf)"

@@ -16,19 +16,16 @@ large batch, in FLOP/s, turned into the tokens/s a forward pass could reach if i
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ...bench.hf_peer import load_hf_model
 from ...bench.throughput import compute_ceiling_tokens_per_s, make_workload, run_engine, run_hf_static
 from ...llm import LLM
+from . import bench_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench throughput", description=__doc__.splitlines()[0]
-    )
+    parser = bench_parser(__name__, __doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=24)
     parser.add_argument("--max-num-seqs", type=int, default=24)
     parser.add_argument("--hf-batch", type=int, default=8, help="Hugging Face static batch size")

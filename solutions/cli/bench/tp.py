@@ -40,6 +40,7 @@ from ...bench.tp import (
 )
 from ...llm import LLM
 from ...sampling_params import SamplingParams
+from . import bench_parser
 
 
 def measure(
@@ -121,7 +122,7 @@ def print_predicted(shapes: list[ModelShape], nvlink_latency_s: float, pcie_late
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m solutions bench tp", description=__doc__.split("\n")[0])
+    parser = bench_parser(__name__, __doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=4, help="prompts decoded together (default: 4)")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="tokens per prompt (default: 16)")
     parser.add_argument(
