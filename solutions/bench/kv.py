@@ -73,18 +73,13 @@ def paged(block_size: int) -> Reservation:
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """Rows x decode steps, summed over every step of every request."""
+    """Rows x decode steps, summed over every step of every request: reserved, holding a token (used), the
+    share of reserved rows used and the rest (waste)."""
 
     reserved: int
     used: int
-
-    @property
-    def used_fraction(self) -> float:
-        return self.used / self.reserved
-
-    @property
-    def waste(self) -> float:
-        return 1 - self.used_fraction
+    used_fraction = property(lambda self: self.used / self.reserved)
+    waste = property(lambda self: 1 - self.used / self.reserved)
 
 
 def memory_use(mix: Sequence[RequestShape], reserve: Reservation) -> MemoryUse:

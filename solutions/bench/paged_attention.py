@@ -82,18 +82,10 @@ def _dense(cache: torch.Tensor, block_table: torch.Tensor, context: int) -> torc
 
 
 def decode_kernel_bandwidth(
-    batch: int = 64,
-    context: int = 2048,
-    *,
-    q_heads: int = 9,
-    kv_heads: int = 3,
-    head_dim: int = 64,
-    block_size: int = 16,
-    dtype: torch.dtype = torch.bfloat16,
-    device: str | torch.device = "cuda",
-    copy_bytes: int = COPY_BYTES,
-    copy_gbps: float | None = None,
-) -> dict:
+    batch: int = 64, context: int = 2048, *, q_heads: int = 9, kv_heads: int = 3, head_dim: int = 64,
+    block_size: int = 16, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+    copy_bytes: int = COPY_BYTES, copy_gbps: float | None = None,
+) -> dict:  # fmt: skip
     """Time one decode step of ``batch`` sequences of ``context`` tokens (SmolLM2's heads by default).
 
     Returns ``device``, the shape, ``num_splits``, ``config`` (the tuned tiles), ``ms`` (median of the
