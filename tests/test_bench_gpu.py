@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from solutions.bench.decode_steps import summarize_profile
-from solutions.bench.gpu import nano_vllm_workload
 from solutions.bench.gpu_report import Report, SectionSkipped, run_header
-from solutions.bench.gpu_setup import FULL, QUICK
+from solutions.bench.gpu_setup import QUICK
 from solutions.bench.model_shapes import SHAPES, write_random_checkpoint
 from solutions.cli.bench import gpu
 from solutions.model.loader import load_hf_folder
@@ -252,13 +251,14 @@ def test_summarize_profile_counts_per_step():
 
 
 def test_nano_vllm_workload_is_seeded_and_in_range():
-    sizes = QUICK
-    workload = nano_vllm_workload(sizes, vocab_size=512)
+    """``bench gpu``'s throughput workload: ``make_workload`` without a tokenizer (nano-vllm's)."""
+    from solutions.bench.throughput import make_workload
+
+    s = QUICK
+    workload = make_workload(None, s.requests, s.prompt_lens, s.output_lens, 0, 512)
     prompts, output_lens = workload.prompts, workload.output_lens
-    assert workload == nano_vllm_workload(sizes, vocab_size=512)
-    assert len(prompts) == len(output_lens) == sizes.requests
-    assert all(sizes.prompt_lens[0] <= len(p) <= sizes.prompt_lens[1] for p in prompts)
-    assert all(sizes.output_lens[0] <= n <= sizes.output_lens[1] for n in output_lens)
+    assert workload == make_workload(None, s.requests, s.prompt_lens, s.output_lens, 0, 512)
+    assert len(prompts) == len(output_lens) == s.requests
+    assert all(s.prompt_lens[0] <= len(p) <= s.prompt_lens[1] for p in prompts)
+    assert all(s.output_lens[0] <= n <= s.output_lens[1] for n in output_lens)
     assert max(max(p) for p in prompts) < 512
-    full_prompts = nano_vllm_workload(FULL, vocab_size=49152).prompts
-    assert max(max(p) for p in full_prompts) < 10_000, "nano-vllm draws token ids below 10,000"

@@ -19,7 +19,7 @@ from .gpu_setup import ENGINES, ShapeModels, Sizes, label
 from .hf_peer import hf_generate
 from .model_shapes import SHAPES
 from .roofline import decode_bytes_per_token
-from .throughput import Workload, make_workload, run_engine, run_hf_static
+from .throughput import make_workload, run_engine, run_hf_static
 from .timing import device_sync
 
 SECTIONS = ("bandwidth", "decode", "profile", "sweep", "throughput", "spec")
@@ -51,29 +51,21 @@ def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: S
     weight_bytes = decode_bytes_per_token(models.llm("graphs").engine.model)
     roofline = bandwidth_GBps * 1e9 / weight_bytes if bandwidth_GBps else None
     section.out.update(
-        prompt_tokens=s.decode_prompt,
-        new_tokens=s.decode_tokens,
-        repeats=s.decode_repeats,
-        weight_bytes_per_token=weight_bytes,
-        roofline_tok_s=roofline,
-    )
+        prompt_tokens=s.decode_prompt, new_tokens=s.decode_tokens, repeats=s.decode_repeats,
+        weight_bytes_per_token=weight_bytes, roofline_tok_s=roofline,
+    )  # fmt: skip
     int4_bytes = stored_bytes_per_token(models.llm("int4").engine.model) if "int4" in speeds else None
+    # The INT4 engine against its own roofline: its bytes per token at the same bandwidth.
+    own_bytes = {"int4": int4_bytes}
+    share = lambda kind, speed: speed * own_bytes.get(kind, weight_bytes) / (bandwidth_GBps * 1e9)
     section.out["rows"] = [
         {
-            "engine": kind,
-            "label": label(kind, device),
-            "tok_s": speed,
-            "ms_per_token": 1e3 / speed,
-            # The INT4 engine against its own roofline: its bytes per token at the same bandwidth.
-            "roofline_share": None
-            if not roofline
-            else speed * int4_bytes / (bandwidth_GBps * 1e9)
-            if kind == "int4"
-            else speed / roofline,
+            "engine": kind, "label": label(kind, device), "tok_s": speed, "ms_per_token": 1e3 / speed,
+            "roofline_share": share(kind, speed) if roofline else None,
             **({"weight_bytes_per_token": int4_bytes} if kind == "int4" else {}),
         }
         for kind, speed in speeds.items()
-    ]
+    ]  # fmt: skip
     section.out["ratios"] = {
         "graphs_vs_eager": speeds["graphs"] / speeds["eager"],
         "graphs_vs_hf": speeds["graphs"] / speeds["hf"],
@@ -122,12 +114,9 @@ def _steady_steps(models: ShapeModels, kind: str, batch: int, profile: bool) -> 
 def measure_profile(models: ShapeModels, section: Section) -> None:
     s = models.sizes
     section.out.update(
-        prompt_tokens=s.step_prompt,
-        timed_steps=s.timed_steps,
-        profiled_steps=s.profiled_steps,
-        on_cuda=models.device.startswith("cuda"),
-        rows=[],
-    )
+        prompt_tokens=s.step_prompt, timed_steps=s.timed_steps, profiled_steps=s.profiled_steps,
+        on_cuda=models.device.startswith("cuda"), rows=[],
+    )  # fmt: skip
     for kind in ENGINES:
         for batch in models.batches(s.profile_batches):
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=True))
@@ -142,18 +131,14 @@ def measure_sweep(models: ShapeModels, section: Section) -> None:
             section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
 
 
-def nano_vllm_workload(sizes: Sizes, vocab_size: int) -> Workload:
-    """nano-vllm's offline workload at ``sizes``: random token ids below min(10,000, vocab), seed 0."""
-    return make_workload(
-        None, sizes.requests, sizes.prompt_lens, sizes.output_lens, 0, min(10_000, vocab_size)
-    )
-
-
 def measure_throughput(models: ShapeModels, section: Section) -> None:
     """The workload through this engine (CUDA graphs) and through HF static batches, as ``bench throughput``
     runs them, HF's batches cut where the section's time runs out."""
     s, device, sync = models.sizes, models.device, device_sync(models.device)
-    workload = nano_vllm_workload(s, models.shape.vocab_size)
+    # nano-vllm's offline workload: random token ids below min(10,000, vocab), seed 0
+    workload = make_workload(
+        None, s.requests, s.prompt_lens, s.output_lens, 0, min(10_000, models.shape.vocab_size)
+    )
     (lo_in, hi_in), (lo_out, hi_out) = s.prompt_lens, s.output_lens
     section.out["workload"] = {
         "description": f"nano-vllm's workload: random token ids, prompt lengths uniform in [{lo_in}, "

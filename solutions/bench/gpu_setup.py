@@ -61,16 +61,16 @@ PRESETS = {  # field: (FULL, QUICK), side by side
 FULL, QUICK = (Sizes(**{field: pair[i] for field, pair in PRESETS.items()}) for i in (0, 1))
 
 
+LABELS = {
+    "hf": "HF transformers generate",
+    "int4": "this engine, INT4 W4A16 weights (RTN codes: AWQ's format and kernel), CUDA graphs",
+    "eager": "this engine, enforce_eager=True",
+}
+
+
 def label(kind: str, device: str) -> str:
-    if kind == "hf":
-        return "HF transformers generate"
-    if kind == "int4":
-        return "this engine, INT4 W4A16 weights (RTN codes: AWQ's format and kernel), CUDA graphs"
-    if kind == "eager":
-        return "this engine, enforce_eager=True"
-    return "this engine, enforce_eager=False" + (
-        " (CUDA graphs)" if device.startswith("cuda") else " (no graphs on a CPU)"
-    )
+    graphs = " (CUDA graphs)" if device.startswith("cuda") else " (no graphs on a CPU)"
+    return LABELS.get(kind, "this engine, enforce_eager=False" + graphs)
 
 
 class ShapeModels:
@@ -102,19 +102,16 @@ class ShapeModels:
         )
         self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
         self.kv_cache_bytes = self._kv_cache_bytes()
-        section.out.update(
-            shape=self.name,
-            source=self.shape.source,
-            config=self.shape.hf_config(),
-            weights="its Q4_1 weights dequantized to bfloat16"
+        weights = (
+            "its Q4_1 weights dequantized to bfloat16"
             if self.name == "bundled"
-            else "random bfloat16 weights",
-            weight_bytes=self.shape.weight_bytes(),
-            write_s=time.perf_counter() - start,
-            dtype=self.dtype,
-            kv_cache_bytes=self.kv_cache_bytes,
-            max_model_len=self.max_model_len,
+            else "random bfloat16 weights"
         )
+        section.out.update(
+            shape=self.name, source=self.shape.source, config=self.shape.hf_config(), weights=weights,
+            weight_bytes=self.shape.weight_bytes(), write_s=time.perf_counter() - start, dtype=self.dtype,
+            kv_cache_bytes=self.kv_cache_bytes, max_model_len=self.max_model_len,
+        )  # fmt: skip
 
     def _kv_cache_bytes(self) -> int:
         """On a GPU: what is left of 80% of its memory after three copies of the weights (two engines and HF)
@@ -123,32 +120,20 @@ class ShapeModels:
             return CPU_KV_CACHE_BYTES
         shape = self.shape
         total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
-        hf_cache = (
-            self.sizes.hf_batch
-            * self.max_model_len
-            * 2
-            * shape.num_layers
-            * shape.num_kv_heads
-            * shape.head_dim
-            * 2
-        )
+        hf_cache = self.sizes.hf_batch * self.max_model_len * 2 * shape.num_layers * shape.num_kv_heads
+        hf_cache *= shape.head_dim * 2  # K and V, bfloat16
         each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
         return int(min(max(each, 2 << 30), 40 << 30))
 
     def llm(self, kind: str) -> LLM:
         if kind not in self.built:
+            # The INT4 engine only decodes one sequence: a small cache leaves room for the other three models.
             self.built[kind] = LLM(
-                model=str(self.folder),
-                skip_tokenizer_init=True,
-                device=self.device,
-                max_num_seqs=self.max_num_seqs,
-                max_model_len=self.max_model_len,
-                # The INT4 engine only decodes one sequence:
-                # a small cache leaves room for the other three models.
+                model=str(self.folder), skip_tokenizer_init=True, device=self.device,
+                max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                 kv_cache_memory=INT4_KV_CACHE_BYTES if kind == "int4" else self.kv_cache_bytes,
-                enforce_eager=kind == "eager",
-                quantization="rtn" if kind == "int4" else None,
-            )
+                enforce_eager=kind == "eager", quantization="rtn" if kind == "int4" else None,
+            )  # fmt: skip
         return self.built[kind]
 
     def hf(self) -> PreTrainedModel:
