@@ -51,12 +51,11 @@ def bench_cpu(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["float16", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=5, help="CPU repeats per measurement")
-    parser.add_argument(
-        "--smoke", action="store_true", help="the GPU table's code on tiny shapes, any device"
-    )
+    add = parser.add_argument
+    add("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    add("--dtypes", nargs="+", default=["bfloat16"], choices=["float16", "bfloat16"])
+    add("--repeats", type=int, default=5, help="CPU repeats per measurement")
+    add("--smoke", action="store_true", help="the GPU table's code on tiny shapes, any device")
     args = parser.parse_args(argv)
     on_gpu = torch.cuda.is_available()
     if args.smoke:

@@ -54,20 +54,19 @@ def print_linear_paths(model: LlamaModel) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument(
-        "--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement"
-    )
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
-    parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-weights row")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--tokens", type=int, default=128, help="tokens generated per measurement")
+    add("--repeats", type=int, default=3)
+    add("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add("--prefill-tokens", type=int, default=1000, help="prompt length of the prefill measurement")
+    add("--no-hf", action="store_true", help="skip the Hugging Face comparison")
+    add("--no-bf16", action="store_true", help="skip the bfloat16-weights row")
+    add(
         "--fused-ops",
         choices=["float32", "bfloat16", "awq"],
         help="only compare the CPU layer ops (plain, fused, torch.compile) on this engine",
     )
-    parser.add_argument("--attention", action="store_true", help="only time batch-1 attention vs its bytes")
+    add("--attention", action="store_true", help="only time batch-1 attention vs its bytes")
     args = parser.parse_args(argv)
     if args.attention:
         return _attention_only(args)

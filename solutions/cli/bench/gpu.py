@@ -36,45 +36,20 @@ from . import bench_parser
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument(
-        "--shapes",
-        "--shape",
-        nargs="+",
-        default=None,
-        metavar="SHAPE",
-        help=f"any of {', '.join([*SHAPES, 'bundled'])} (default on CUDA: "
-        f"{' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)",
-    )
-    parser.add_argument(
-        "--sections",
-        nargs="+",
-        default=list(SECTIONS),
-        choices=SECTIONS,
-        metavar="SECTION",
-        help=f"any of {', '.join(SECTIONS)} (default: all)",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement"
-    )
-    parser.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda when present)")
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep"
-    )
-    parser.add_argument(
-        "--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)"
-    )
-    parser.add_argument(
-        "--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)"
-    )
-    parser.add_argument(
-        "--time-limit", type=float, default=470, help="seconds; later sections are skipped past it"
-    )
-    parser.add_argument(
-        "--out", default="results", help="folder for the JSON and markdown (default: results)"
-    )
-    parser.add_argument(
-        "--commit", default=None, help="the commit measured (default: git describe, when in git)"
-    )
+    add = parser.add_argument
+    known = ", ".join([*SHAPES, "bundled"])
+    add("--shapes", "--shape", nargs="+", default=None, metavar="SHAPE",
+        help=f"any of {known} (default on CUDA: {' '.join(DEFAULT_SHAPES)}; on a CPU: tiny)")  # fmt: skip
+    add("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS, metavar="SECTION",
+        help=f"any of {', '.join(SECTIONS)} (default: all)")  # fmt: skip
+    add("--quick", action="store_true", help="small sizes everywhere: a smoke test, not a measurement")
+    add("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda when present)")
+    add("--max-num-seqs", type=int, default=256, help="the engines' max_num_seqs; caps the sweep")
+    add("--requests", type=int, default=None, help="throughput requests (default 256; --quick 16)")
+    add("--hf-batch", type=int, default=None, help="HF static batch size (default 64; --quick 8)")
+    add("--time-limit", type=float, default=470, help="seconds; later sections are skipped past it")
+    add("--out", default="results", help="folder for the JSON and markdown (default: results)")
+    add("--commit", default=None, help="the commit measured (default: git describe, when in git)")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -82,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = args.shapes or (list(DEFAULT_SHAPES) if device.startswith("cuda") else ["tiny"])
     unknown = [s for s in shapes if s not in SHAPES and s != "bundled"]
     if unknown:
-        parser.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join([*SHAPES, 'bundled'])}")
+        parser.error(f"unknown shape(s) {', '.join(unknown)}: choose from {known}")
     if args.max_num_seqs < 1 or (args.requests or 1) < 1 or (args.hf_batch or 1) < 1:
         parser.error("--max-num-seqs, --requests and --hf-batch must be positive")
     sizes = QUICK if args.quick else FULL

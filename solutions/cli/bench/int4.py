@@ -110,10 +110,11 @@ def report(results: list[dict], copy_gbps: float, machine: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--shape", default="smollm2-1.7b", choices=sorted(SHAPES), help="whose matrices")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="activation rows (batch)")
-    parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--smoke", action="store_true", help="a toy shape, on a CPU through the interpreter")
+    add = parser.add_argument
+    add("--shape", default="smollm2-1.7b", choices=sorted(SHAPES), help="whose matrices")
+    add("--rows", type=int, nargs="+", default=[1, 4, 16], help="activation rows (batch)")
+    add("--group-size", type=int, default=64)
+    add("--smoke", action="store_true", help="a toy shape, on a CPU through the interpreter")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("bench int4 times the W4A16 Triton kernels on a GPU; none here (--smoke: a toy shape on a CPU)")

@@ -24,14 +24,11 @@ from . import bench_parser
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 2048], help="rows per op call")
-    parser.add_argument(
-        "--batches", type=int, nargs="+", default=[1, 64], help="decode batch of the layer rows"
-    )
-    parser.add_argument("--context", type=int, default=1024, help="tokens of context in the layer rows")
-    parser.add_argument(
-        "--smoke", action="store_true", help="tiny shapes, any device: checks the code, no figures"
-    )
+    add = parser.add_argument
+    add("--tokens", type=int, nargs="+", default=[1, 64, 2048], help="rows per op call")
+    add("--batches", type=int, nargs="+", default=[1, 64], help="decode batch of the layer rows")
+    add("--context", type=int, default=1024, help="tokens of context in the layer rows")
+    add("--smoke", action="store_true", help="tiny shapes, any device: checks the code, no figures")
     args = parser.parse_args(argv)
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not args.smoke:

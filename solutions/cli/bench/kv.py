@@ -77,22 +77,17 @@ def _gpu_kernel_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=1000, help="requests in the mix")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--budget-seqs", type=int, default=32, help="budget, in sequences of max_model_len")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-ttft", action="store_true", help="skip the model (memory figures only)")
-    parser.add_argument(
-        "--prefix-len", type=int, default=1024, help="shared prefix tokens for the TTFT figure"
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="cached and uncached requests measured, alternating"
-    )
-    parser.add_argument("--device", default="auto")
-    parser.add_argument(
-        "--kv-cache-memory", type=int, default=512 << 20, help="KV cache bytes for the TTFT run"
-    )
+    add = parser.add_argument
+    add("--requests", type=int, default=1000, help="requests in the mix")
+    add("--max-model-len", type=int, default=2048)
+    add("--block-size", type=int, default=16)
+    add("--budget-seqs", type=int, default=32, help="budget, in sequences of max_model_len")
+    add("--seed", type=int, default=0)
+    add("--no-ttft", action="store_true", help="skip the model (memory figures only)")
+    add("--prefix-len", type=int, default=1024, help="shared prefix tokens for the TTFT figure")
+    add("--rounds", type=int, default=5, help="cached and uncached requests measured, alternating")
+    add("--device", default="auto")
+    add("--kv-cache-memory", type=int, default=512 << 20, help="KV cache bytes for the TTFT run")
     args = parser.parse_args(argv)
     print(f"machine: {machine_name()}")
     waste, ratio = _print_memory(args)

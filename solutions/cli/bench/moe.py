@@ -46,14 +46,15 @@ def cpu_table(args: argparse.Namespace) -> list[tuple[int, dict[str, float], int
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--width", type=int, default=1024, help="each expert's intermediate width I")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 4096])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--gpu-tokens", type=int, default=4096)
-    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU table")
-    parser.add_argument("--smoke", action="store_true", help="toy sizes, the kernel table too (interpreted)")
+    add = parser.add_argument
+    add("--hidden", type=int, default=1024)
+    add("--width", type=int, default=1024, help="each expert's intermediate width I")
+    add("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 4096])
+    add("--repeats", type=int, default=5)
+    add("--threads", type=int, default=torch.get_num_threads())
+    add("--gpu-tokens", type=int, default=4096)
+    add("--gpu-only", action="store_true", help="skip the CPU table")
+    add("--smoke", action="store_true", help="toy sizes, the kernel table too (interpreted)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.smoke:

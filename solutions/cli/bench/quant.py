@@ -39,18 +39,19 @@ SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--w-bit", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--w-bit", type=int, default=4)
+    add("--group-size", type=int, default=64)
+    add("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")
+    add(
         "--activations",
         default="auto",
         choices=["auto", "float32", "bfloat16"],
         help="INT4 engines' activation dtype",
     )
-    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per decode measurement")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add("--tokens", type=int, default=64, help="tokens generated per decode measurement")
+    add("--repeats", type=int, default=3)
+    add("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)

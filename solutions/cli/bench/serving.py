@@ -89,26 +89,18 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.split("\n\n")[0])
-    parser.add_argument("--num-requests", type=int, default=200)
-    parser.add_argument(
-        "--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: inf)"
-    )
-    parser.add_argument(
-        "--max-concurrency", type=int, default=None, help="most requests in flight (default: all)"
-    )
-    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (ignore_eos)")
-    parser.add_argument("--goodput", nargs="*", default=[f"{k}:{v:g}" for k, v in DEFAULT_SLOS_MS.items()])
-    parser.add_argument("--url", default=None, help="load a running server instead of starting one")
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--no-offline", action="store_true", help="skip the offline LLM.generate comparison")
-    parser.add_argument("--out", default="results/serving", help="writes OUT.json and OUT.png")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the Poisson arrival times")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="server and offline passes, alternating (figures pool all rounds)",
-    )
+    add = parser.add_argument
+    add("--num-requests", type=int, default=200)
+    add("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: inf)")
+    add("--max-concurrency", type=int, default=None, help="most requests in flight (default: all)")
+    add("--max-tokens", type=int, default=32, help="output tokens per request (ignore_eos)")
+    add("--goodput", nargs="*", default=[f"{k}:{v:g}" for k, v in DEFAULT_SLOS_MS.items()])
+    add("--url", default=None, help="load a running server instead of starting one")
+    add("--api-key", default=None)
+    add("--no-offline", action="store_true", help="skip the offline LLM.generate comparison")
+    add("--out", default="results/serving", help="writes OUT.json and OUT.png")
+    add("--seed", type=int, default=0, help="seeds the Poisson arrival times")
+    add("--rounds", type=int, default=1, help="server and offline passes, alternating (pooled)")
     add_engine_args(parser)
     args = parser.parse_args(argv)
     if args.num_requests < 1 or args.max_tokens < 2 or args.rounds < 1:
@@ -119,18 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def load(url: str, prompts: list[str]) -> tuple[list[RequestResult], float]:
         model = httpx.get(f"{url}/v1/models", headers=_auth(args.api_key)).json()["data"][0]["id"]
-        return asyncio.run(
-            run_load(
-                url,
-                model,
-                prompts,
-                args.max_tokens,
-                args.request_rate,
-                args.max_concurrency,
-                args.api_key,
-                args.seed,
-            )
-        )
+        load_args = (args.max_tokens, args.request_rate, args.max_concurrency, args.api_key, args.seed)
+        return asyncio.run(run_load(url, model, prompts, *load_args))
 
     offline = None if args.no_offline else OfflineRunner(options, prompts, args.max_tokens)
     with contextlib.ExitStack() as stack:
@@ -192,6 +174,10 @@ def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def _met(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
 def _print(s: dict[str, Any], out: Path) -> None:
     print(f"machine: {s['machine']}")
     print(f"requests: {s['completed']} completed, {s['failed']} failed {s['errors'] or ''}")
@@ -203,10 +189,8 @@ def _print(s: dict[str, Any], out: Path) -> None:
     print(f"goodput ({slos}): {s['goodput']:.2f} req/s")
     for name in ("ttft", "tpot", "itl", "e2el"):
         st = s[name]
-        print(
-            f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  "
-            f"p99 {st['p99_ms']:.1f}"
-        )
+        print(f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  ", end="")
+        print(f"p99 {st['p99_ms']:.1f}")
     if "offline" in s:
         off = s["offline"]
         ratio = s["server_over_offline"]
@@ -218,10 +202,7 @@ def _print(s: dict[str, Any], out: Path) -> None:
                 for r in s["rounds"]
             ]
             print("server / offline per round: " + ", ".join(f"{x:.3f}" for x in per_round))
-        print(
-            f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: "
-            f"{'met' if ratio >= 0.85 else 'NOT met'})"
-        )
+        print(f"server / offline output throughput: {ratio:.3f} (goal >= 0.85: {_met(ratio >= 0.85)})")
         cpu = s["cpu_ms_per_output_token"]
         print(
             f"CPU ms per output token: server {cpu['server']:.2f} + load generator "
@@ -229,12 +210,6 @@ def _print(s: dict[str, Any], out: Path) -> None:
             f"{cpu['offline'] / (cpu['server'] + cpu['client']):.3f}"
         )
         if ratio > 1.15:
-            print(
-                "  (the server cannot beat the engine it runs on: "
-                "the machine's load changed between the two runs)"
-            )
-    print(
-        f"goal: {s['completed'] + s['failed']} requests, none lost: "
-        f"{'met' if s['failed'] == 0 else 'NOT met'}"
-    )
+            print("  (the server cannot beat the engine it runs on: the load changed between the runs)")
+    print(f"goal: {s['completed'] + s['failed']} requests, none lost: {_met(s['failed'] == 0)}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")

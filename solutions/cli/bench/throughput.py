@@ -26,11 +26,12 @@ from . import bench_parser
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
-    parser.add_argument("--num-requests", type=int, default=24)
-    parser.add_argument("--max-num-seqs", type=int, default=24)
-    parser.add_argument("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
+    add = parser.add_argument
+    add("--num-requests", type=int, default=24)
+    add("--max-num-seqs", type=int, default=24)
+    add("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
+    add("--seed", type=int, default=0)
+    add("--no-hf", action="store_true", help="skip the Hugging Face baseline")
     args = parser.parse_args(argv)
 
     llm = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)

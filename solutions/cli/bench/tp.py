@@ -123,23 +123,20 @@ def print_predicted(shapes: list[ModelShape], nvlink_latency_s: float, pcie_late
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=4, help="prompts decoded together (default: 4)")
-    parser.add_argument("--prompt-tokens", type=int, default=16, help="tokens per prompt (default: 16)")
-    parser.add_argument(
-        "--max-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine (default: 3)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--batch", type=int, default=4, help="prompts decoded together (default: 4)")
+    add("--prompt-tokens", type=int, default=16, help="tokens per prompt (default: 16)")
+    add("--max-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
+    add("--repeats", type=int, default=3, help="timed runs per engine (default: 3)")
+    add(
         "--num-threads", type=int, default=None,
         help="torch threads per rank (default: torch's choice on rank 0, 1 on each worker)",
     )  # fmt: skip
-    parser.add_argument(
+    add(
         "--latency-us", type=float, nargs=2, default=(10.0, 30.0), metavar=("NVLINK", "PCIE"),
         help="assumed cost of one small collective, microseconds (default: 10 30)",
     )  # fmt: skip
-    parser.add_argument(
-        "--predict-only", action="store_true", help="print the H200 prediction, measure nothing"
-    )
+    add("--predict-only", action="store_true", help="print the H200 prediction, measure nothing")
     args = parser.parse_args(argv)
     bundled = SHAPES["smollm2-135m"]  # the bundled model's shape (its config.json)
     if not args.predict_only:
