@@ -44,12 +44,8 @@ class SectionSkipped(Exception):
 def git_commit() -> str:
     repo = Path(__file__).resolve().parents[2]
     try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        describe = ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=12"]
+        done = subprocess.run(describe, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (no git here: pass --commit)"
     return done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout: pass --commit)"
@@ -64,19 +60,13 @@ def run_header(device: str, command: str, commit: str | None, preset: str, time_
         triton_version = triton.__version__
     except ImportError:
         triton_version = "not installed"
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
-        "machine": machine_name(device),
-        "device": device,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command,
-        "commit": commit or git_commit(),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "preset": preset,
+        "machine": machine_name(device), "device": device, "date": date, "command": command,
+        "commit": commit or git_commit(), "torch": torch.__version__, "triton": triton_version,
+        "transformers": transformers.__version__, "python": platform.python_version(), "preset": preset,
         "time_limit_s": time_limit_s,
-    }
+    }  # fmt: skip
 
 
 class Section:
@@ -141,12 +131,8 @@ class Report:
             except Exception as error:  # noqa: BLE001 -- one failing section must not stop the others
                 traceback.print_exc()
                 status, detail = "failed", {"error": f"{type(error).__name__}: {error}"[:2000]}
-            parent[key] = {
-                "status": status,
-                "seconds": round(time.monotonic() - start, 1),
-                **detail,
-                **section.out,
-            }
+            seconds = round(time.monotonic() - start, 1)
+            parent[key] = {"status": status, "seconds": seconds, **detail, **section.out}
         self.save()
         print(_never_raising(render_section, key, parent[key]), flush=True)
         return parent[key]["status"] == "ok"
