@@ -58,16 +58,10 @@ def measure(name: str, n: int, k: int, rows: int, group_size: int, device: str, 
     expected = x.float() @ GroupQuantized(g.q, scales.float(), zeros, 4, group_size).dequantize().T
     err = ((int4().float() - expected).abs().max() / expected.abs().max()).item()  # the first call autotunes
     return {
-        "name": name,
-        "n": n,
-        "k": k,
-        "rows": rows,
-        "int4_ms": median_ms(int4, device, repeats),
-        "bf16_ms": median_ms(bf16, device, repeats),
-        "int4_bytes": qweight.nbytes + scales.nbytes + zeros.nbytes,
-        "bf16_bytes": weight.nbytes,
-        "err": err,
-    }
+        "name": name, "n": n, "k": k, "rows": rows, "err": err,
+        "int4_ms": median_ms(int4, device, repeats), "bf16_ms": median_ms(bf16, device, repeats),
+        "int4_bytes": qweight.nbytes + scales.nbytes + zeros.nbytes, "bf16_bytes": weight.nbytes,
+    }  # fmt: skip
 
 
 def report(results: list[dict], copy_gbps: float, machine: str) -> list[str]:
@@ -133,6 +127,5 @@ def table(shape: ModelShape, rows: list[int], group_size: int, device: str) -> l
         for name, n, k in weight_shapes(shape)
         for r in rows
     ]
-    return report(
-        results, copy_gbps, f"{machine_name(device)}, {shape.name} shapes, torch {torch.__version__}"
-    )
+    machine = f"{machine_name(device)}, {shape.name} shapes, torch {torch.__version__}"
+    return report(results, copy_gbps, machine)

@@ -40,14 +40,14 @@ SETTINGS = {"fp32": None, "RTN": "rtn", "AWQ": "awq"}
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.splitlines()[0])
     add = parser.add_argument
-    add("--w-bit", type=int, default=4)
-    add("--group-size", type=int, default=64)
+    add("--w-bit", type=int, default=4, help="bits per quantized weight")
+    add("--group-size", type=int, default=64, help="weights sharing one scale and zero point")
     add("--ppl-tokens", type=int, default=4096, help="score the first N tokens of each text")
     add(
         "--activations",
         default="auto",
         choices=["auto", "float32", "bfloat16"],
-        help="INT4 engines' activation dtype",
+        help="INT4 engines' activations",
     )
     add("--tokens", type=int, default=64, help="tokens generated per decode measurement")
     add("--repeats", type=int, default=3)
