@@ -21,10 +21,10 @@ def hf_tiny(tiny_folder):
     return LlamaForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()
 
 
-def hf_logprobs(model, token_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+def hf_logprobs(hf_model, token_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
     """``log_softmax(logits / T)`` at every position of ``token_ids``: row ``p`` predicts token ``p + 1``."""
     with torch.inference_mode():
-        logits = model(torch.tensor([token_ids])).logits[0].float()
+        logits = hf_model(torch.tensor([token_ids])).logits[0].float()
     return torch.log_softmax(logits / (temperature or 1.0), dim=-1)
 
 
@@ -167,3 +167,65 @@ def test_logprobs_read_the_device_only_when_asked(tiny_folder, monkeypatch):
         assert len(calls) - before == 2, f"host reads in one decode step with logprobs: {calls[before:]}"
     monkeypatch.undo()
     engine.abort(list(engine.groups))
+
+
+# -- the OpenAI server (tests/test_server.py's server on the bundled model) ----------------------------------
+from tests.test_server import _error_message, client, model, server  # noqa: E402, F401 - pytest fixtures
+
+
+def test_the_openai_client_reads_logprobs_from_the_server(client, model, llm):  # noqa: F811
+    import openai
+
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob == c.logprob for c in content), "greedy: the token is the top-1"
+    streamed = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3, stream=True,
+    )  # fmt: skip
+    pieces = [
+        c
+        for chunk in streamed
+        for choice in chunk.choices
+        if choice.logprobs
+        for c in choice.logprobs.content
+    ]
+    assert [(p.token, round(p.logprob, 4)) for p in pieces] == [
+        (c.token, round(c.logprob, 4)) for c in content
+    ]
+    prompt = "The capital of France is"
+    done = client.completions.create(
+        model=model, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True
+    )
+    lp = done.choices[0].logprobs
+    ids = llm.engine.tokenizer.encode(prompt)
+    assert done.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(ids) + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    offline = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=3, logprobs=2, prompt_logprobs=2)
+    )[0]
+    assert lp.token_logprobs[1] == pytest.approx(offline.prompt_logprobs[1][ids[1]].logprob, abs=1e-4)
+    assert lp.token_logprobs[-1] == pytest.approx(
+        offline.outputs[0].logprobs[-1][offline.outputs[0].token_ids[-1]].logprob, abs=1e-4
+    )
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, stream=True
+    )
+    values = [v for chunk in stream for c in chunk.choices if c.logprobs for v in c.logprobs.token_logprobs]
+    assert values == pytest.approx(lp.token_logprobs[len(ids) :], abs=1e-5)
+    for fields, named in [
+        ({"logprobs": -1}, "logprobs"), ({"logprobs": 21}, "logprobs"), ({"logprobs": "many"}, "logprobs"),
+    ]:  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model=model, prompt="hi", max_tokens=1, **fields)
+        assert named in _error_message(caught.value)
+    for fields in [{"logprobs": True, "top_logprobs": 21}, {"logprobs": True, "top_logprobs": -2}]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], **fields
+            )
+        assert "top_logprobs" in _error_message(caught.value)
