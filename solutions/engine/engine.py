@@ -277,6 +277,7 @@ class Engine:
         for prompt, sampling, request_id in zip(prompts, params, ids, strict=True):
             if request_id is not None and request_id in self.groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
+            logprobs.check_supported(sampling, self.config)
             groups.append(
                 RequestGroup.create(
                     prompt,

@@ -52,6 +52,16 @@ def check_num_logprobs(name: str, value: object) -> None:
         raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
 
+def check_supported(params, config) -> None:
+    """Raise ValueError when ``params`` asks for logprobs the engine cannot give: EAGLE tree verification
+    (an accepted path's rows are not consecutive; chains and n-gram drafts are)."""
+    if getattr(params, "logprobs", None) is not None and config.speculative and config.speculative_tree_nodes:
+        raise ValueError(
+            "logprobs are not supported with EAGLE tree drafts (speculative_tree_nodes > 0): "
+            "use chain drafts (speculative_tree_nodes=0) or no speculation"
+        )
+
+
 def wants_logprobs(plan) -> bool:
     """Whether any scheduled request asks for sampled-token logprobs."""
     return any(r.params.logprobs is not None for r in plan.scheduled)
