@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .engine.logprobs import check_num_logprobs
+
 
 @dataclass
 class SamplingParams:
@@ -17,6 +19,11 @@ class SamplingParams:
 
     ``min_p`` (vLLM's) keeps only the tokens at least that fraction as likely as the most likely one, before
     top-k and top-p (0 disables it).
+
+    ``logprobs`` (vLLM's): return each sampled token's log-probability and the top ``logprobs`` alternatives;
+    ``prompt_logprobs``: the same for every prompt token after the first (such a request bypasses the prefix
+    cache). Each None (off) or an integer in [0, 20]; the distribution is the one after temperature
+    (engine/logprobs.py says why).
     """
 
     n: int = 1
@@ -30,6 +37,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,6 +65,8 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        check_num_logprobs("logprobs", self.logprobs)
+        check_num_logprobs("prompt_logprobs", self.prompt_logprobs)
 
     @property
     def greedy(self) -> bool:

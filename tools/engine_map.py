@@ -36,6 +36,7 @@ STAGES = (
     ("model/llama.py", "the model: every layer, attention writing K/V into paged blocks"),
     ("engine/sampling_batch.py", "each request's sampling settings on the device, gathered per sampled row"),
     ("kernels/sampling.py", "the draw: temperature, top-k, top-p, min-p, seeded uniforms"),
+    ("engine/logprobs.py", "log-probabilities of sampled and prompt tokens, for the requests that ask"),
     ("engine/detokenizer.py", "incremental text, stop strings held back until ruled out"),
     ("engine/outputs.py", "`RequestOutput`, `CompletionOutput` and each request's metrics"),
 )

@@ -136,9 +136,11 @@ class KVCacheManager:
         are taken by ``allocate_slots(request, n, prefix)`` when the request is admitted.
 
         At most ``num_tokens - 1`` tokens are found, so at least one is left to compute (the step needs a
-        query to produce the next token's logits). Without prefix caching the prefix is empty.
+        query to produce the next token's logits). Without prefix caching, or for a request asking for prompt
+        logprobs (each prompt position's logits must be computed), the prefix is empty.
         """
-        if not self.enable_prefix_caching:
+        params = getattr(request, "params", None)
+        if not self.enable_prefix_caching or getattr(params, "prompt_logprobs", None) is not None:
             return NO_PREFIX
         size = self.block_size
         keys = chain_block_hashes(request.all_token_ids, size, stop=(request.num_tokens - 1) // size)

@@ -35,6 +35,7 @@ from ..model.loader import load_weights
 from ..quant.cpu_int4_layer import int4_decode_layers
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
+from . import logprobs
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
@@ -131,12 +132,19 @@ class Engine:
         if not plan.scheduled:
             return []
         self._start_metrics(plan)
-        out = self.runner.execute(plan, return_hidden=spec.needs_hidden, trees=spec.tree_parents())
+        prompt_logprobs = logprobs.wants_prompt_logprobs(plan)
+        out = self.runner.execute(
+            plan, return_hidden=spec.needs_hidden or prompt_logprobs, trees=spec.tree_parents()
+        )
         for request in plan.scheduled:
             request.num_computed += plan.num_scheduled_tokens[request.request_id]
         verified = spec.verify(plan, out)  # accepted runs; the rejected drafts' K/V rolled back
         new_tokens = self._sample(plan, out, verified)  # the step's one read (or the verify's)
         advanced = self._update(plan, new_tokens)
+        if prompt_logprobs:  # engine/logprobs.py: only when a request asks (no read otherwise)
+            logprobs.record_prompt(plan, out, self.model, self.tokenizer)
+        if logprobs.wants_logprobs(plan):
+            logprobs.record_sampled(out, verified, new_tokens, self.tokenizer)
         return self._outputs(advanced)
 
     def _start_metrics(self, plan: SchedulerOutput) -> None:
@@ -269,6 +277,7 @@ class Engine:
         for prompt, sampling, request_id in zip(prompts, params, ids, strict=True):
             if request_id is not None and request_id in self.groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
+            logprobs.check_supported(sampling, self.config)
             groups.append(
                 RequestGroup.create(
                     prompt,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .logprobs import Logprob
+
 OutputKind = Literal["cumulative", "delta", "final"]
 """What ``Engine.step`` reports of a request (vLLM's ``RequestOutputKind``):
 
@@ -94,7 +96,8 @@ class RequestMetrics:
 @dataclass
 class CompletionOutput:
     """The generated text so far (in the "delta" ``OutputKind``: only its new part); ``delta_text`` /
-    ``delta_token_ids`` are what the latest step added."""
+    ``delta_token_ids`` are what the latest step added. ``logprobs``
+    follows ``token_ids`` (delta or whole)."""
 
     index: int
     text: str
@@ -103,6 +106,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    # SamplingParams.logprobs: one dict per token of ``token_ids`` (the sampled token and the top N)
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass
@@ -115,3 +120,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (nothing predicts it)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -46,6 +46,7 @@ class Request:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self._emitted_tokens = 0
+        self.logprobs: list[dict] | None = None if self.params.logprobs is None else []  # engine/logprobs.py
         self.generator: torch.Generator | None = None
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed + index)
@@ -92,6 +93,9 @@ class Request:
         """Everything generated so far (``delta_only``: only what is new); the deltas cover what is new since
         the previous call."""
         delta_tokens = self.output_token_ids[self._emitted_tokens :]
+        logprobs = self.logprobs
+        if logprobs is not None:
+            logprobs = logprobs[self._emitted_tokens :] if delta_only else list(logprobs)
         self._emitted_tokens = len(self.output_token_ids)
         delta_text = self.detokenizer.delta(self.finished)
         return CompletionOutput(
@@ -102,6 +106,7 @@ class Request:
             stop_reason=self.stop_reason,
             delta_text=delta_text,
             delta_token_ids=delta_tokens,
+            logprobs=logprobs,
         )
 
 
@@ -131,6 +136,8 @@ class RequestGroup:
         self.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt_token_ids))
         self.output_kind: OutputKind = "cumulative"  # what ``Engine.step`` reports (outputs.OutputKind)
         self._emitted_times = 0  # token_times already handed out ("delta" kind)
+        # engine/logprobs.py: filled by the step that computes each prompt position
+        self.prompt_logprobs: list | None = None if params.prompt_logprobs is None else []
 
     @classmethod
     def create(
@@ -203,4 +210,5 @@ class RequestGroup:
             completions,
             finished,
             self.metrics.snapshot(first_time),
+            None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )

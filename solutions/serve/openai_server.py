@@ -35,6 +35,8 @@ from .protocol import (
     CompletionRequest,
     ModelCard,
     SamplingFields,
+    chat_logprobs,
+    completion_logprobs,
     error_body,
     new_id,
     now,
@@ -155,14 +157,16 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
         raise
     updates = _choice_updates(_merge(streams), n)
     num_choices = len(prompts) * n
+    tokenizer = state.loop.engine.tokenizer
+    shape = _Shape(chat, params.logprobs, getattr(body, "echo", False), tokenizer.decode)
     if body.stream:
         chunks = (_chat_chunks if chat else _completion_chunks)(
-            updates, call_id, state.model_name, num_choices, body.include_usage
+            updates, call_id, state.model_name, num_choices, body.include_usage, shape
         )
         return StreamingResponse(_sse(chunks, close_all), media_type="text/event-stream")
     try:
         return await _unless_disconnected(
-            _collect(updates, call_id, state.model_name, num_choices, chat), request
+            _collect(updates, call_id, state.model_name, num_choices, shape), request
         )
     finally:
         close_all()
@@ -177,6 +181,38 @@ class _ChoiceUpdate:
     num_prompt_tokens: int
     completion: CompletionOutput  # delta_text / delta_token_ids are the new part
     finished: bool  # True exactly once per choice, on the update that finished it
+    output: RequestOutput  # its prompt, and prompt logprobs (echo)
+
+
+@dataclass
+class _Shape:
+    """How a call's choices are written: chat or completions, ``num_logprobs`` (``SamplingParams.logprobs``;
+    None: no logprobs) and completions' ``echo`` (the prompt first, with its logprobs when asked)."""
+
+    chat: bool
+    num_logprobs: int | None
+    echo: bool
+    decode: Callable[[list[int]], str]
+
+    def prefix(self, update: _ChoiceUpdate) -> str:
+        """The echoed prompt text ("" without echo)."""
+        output = update.output
+        if not self.echo:
+            return ""
+        return output.prompt if output.prompt is not None else self.decode(output.prompt_token_ids)
+
+    def logprobs(self, update: _ChoiceUpdate, token_ids: list[int], entries: list, first: bool, offset: int):
+        """``choice.logprobs`` for these tokens (None when not asked); ``first``: the choice's first piece,
+        which carries the echoed prompt's entries."""
+        if self.num_logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(token_ids, entries, self.num_logprobs)
+        if first and self.echo:
+            prompt = update.output.prompt_token_ids
+            token_ids, entries = prompt + token_ids, update.output.prompt_logprobs + entries
+        first_token = self.decode(token_ids[:1]) if token_ids else ""
+        return completion_logprobs(token_ids, entries, self.num_logprobs, first_token, offset)
 
 
 async def _choice_updates(
@@ -191,27 +227,32 @@ async def _choice_updates(
             if finished:
                 reported.add(index)
             if completion.delta_token_ids or completion.delta_text or finished:
-                yield _ChoiceUpdate(index, index // n, len(output.prompt_token_ids), completion, finished)
+                yield _ChoiceUpdate(
+                    index, index // n, len(output.prompt_token_ids), completion, finished, output
+                )
 
 
 async def _collect(
-    updates: AsyncIterator[_ChoiceUpdate], call_id: str, model: str, num_choices: int, chat: bool
+    updates: AsyncIterator[_ChoiceUpdate], call_id: str, model: str, num_choices: int, shape: _Shape
 ) -> dict[str, Any]:
-    final: dict[int, CompletionOutput] = {}
+    final: dict[int, _ChoiceUpdate] = {}
     prompt_tokens: dict[int, int] = {}
     async for update in updates:
         prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         if update.finished:
-            final[update.index] = update.completion
+            final[update.index] = update
     choices = []
+    chat = shape.chat
     for index in range(num_choices):
-        completion = final[index]
+        update = final[index]
+        completion = update.completion
         if chat:
             choice = {"index": index, "message": {"role": "assistant", "content": completion.text}}
         else:
-            choice = {"index": index, "text": completion.text}
-        choices.append({**choice, "logprobs": None, "finish_reason": completion.finish_reason})
-    completion_tokens = sum(len(c.token_ids) for c in final.values())
+            choice = {"index": index, "text": shape.prefix(update) + completion.text}
+        logprobs = shape.logprobs(update, completion.token_ids, completion.logprobs, True, 0)
+        choices.append({**choice, "logprobs": logprobs, "finish_reason": completion.finish_reason})
+    completion_tokens = sum(len(u.completion.token_ids) for u in final.values())
     return {
         "id": call_id,
         "object": "chat.completion" if chat else "text_completion",
@@ -222,15 +263,24 @@ async def _collect(
     }
 
 
-async def _completion_chunks(updates, call_id: str, model: str, num_choices: int, include_usage: bool):
+async def _completion_chunks(
+    updates, call_id: str, model: str, num_choices: int, include_usage: bool, shape: _Shape
+):
     created, prompt_tokens, completion_tokens = now(), {}, 0
+    sent: dict[int, int] = {}  # the text length each choice has streamed (its next text_offset)
     async for update in updates:
         completion = update.completion
         prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         completion_tokens += len(completion.delta_token_ids)
         finish_reason = completion.finish_reason if update.finished else None
-        if completion.delta_text or finish_reason:
-            choice = {"index": update.index, "text": completion.delta_text, "logprobs": None}
+        first = update.index not in sent
+        text = (shape.prefix(update) if first else "") + completion.delta_text
+        tokens = completion.delta_token_ids if shape.num_logprobs is not None else []
+        if text or finish_reason or tokens:
+            offset = sent.get(update.index, 0)
+            logprobs = shape.logprobs(update, completion.delta_token_ids, completion.logprobs, first, offset)
+            sent[update.index] = offset + len(text)
+            choice = {"index": update.index, "text": text, "logprobs": logprobs}
             yield _chunk(
                 call_id, "text_completion", created, model, {**choice, "finish_reason": finish_reason}
             )
@@ -246,7 +296,9 @@ async def _completion_chunks(updates, call_id: str, model: str, num_choices: int
         }
 
 
-async def _chat_chunks(updates, call_id: str, model: str, num_choices: int, include_usage: bool):
+async def _chat_chunks(
+    updates, call_id: str, model: str, num_choices: int, include_usage: bool, shape: _Shape
+):
     created, prompt_tokens, completion_tokens = now(), {}, 0
     kind = "chat.completion.chunk"
     for index in range(num_choices):  # the role comes first, once per choice, as OpenAI sends it
@@ -255,10 +307,11 @@ async def _chat_chunks(updates, call_id: str, model: str, num_choices: int, incl
         completion = update.completion
         prompt_tokens[update.prompt_index] = update.num_prompt_tokens
         completion_tokens += len(completion.delta_token_ids)
-        if completion.delta_text:
-            yield _chunk(
-                call_id, kind, created, model, _delta(update.index, {"content": completion.delta_text}, None)
-            )
+        tokens = completion.delta_token_ids if shape.num_logprobs is not None else []
+        if completion.delta_text or tokens:
+            logprobs = shape.logprobs(update, tokens, completion.logprobs, False, 0)
+            delta = _delta(update.index, {"content": completion.delta_text}, None, logprobs)
+            yield _chunk(call_id, kind, created, model, delta)
         if update.finished:
             yield _chunk(call_id, kind, created, model, _delta(update.index, {}, completion.finish_reason))
     if include_usage:
@@ -273,8 +326,10 @@ async def _chat_chunks(updates, call_id: str, model: str, num_choices: int, incl
         }
 
 
-def _delta(index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _delta(
+    index: int, delta: dict[str, str], finish_reason: str | None, logprobs: dict | None = None
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _chunk(call_id: str, kind: str, created: int, model: str, choice: dict[str, Any]) -> dict[str, Any]:

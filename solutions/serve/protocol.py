@@ -3,6 +3,8 @@ the JSON the server sends back (responses, stream chunks, error objects).
 
 Only the fields the engine honours are declared; unknown fields are ignored, as OpenAI's own server does.
 ``top_k`` and ``ignore_eos`` are vLLM's extra fields (the openai client sends them through ``extra_body``).
+Log-probabilities (engine/logprobs.py): chat ``logprobs: bool`` + ``top_logprobs: 0..20``; completions
+``logprobs: 0..20`` (OpenAI's limit is 5, vLLM's 20) + ``echo`` (the prompt's own logprobs, its first None).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..engine.logprobs import Logprob, check_num_logprobs
 from ..sampling_params import SamplingParams
 
 
@@ -63,7 +66,13 @@ class SamplingFields(BaseModel):
             stop=[] if self.stop is None else self.stop,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            **self.logprob_params(),
         )
+
+    def logprob_params(self) -> dict[str, int | None]:
+        """``SamplingParams``' ``logprobs`` / ``prompt_logprobs`` for this request (ValueError naming the
+        field when out of range)."""
+        return {}
 
     def output_limit(self) -> int | None:
         return self.max_tokens
@@ -77,6 +86,12 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: one prompt (text or token ids) or a list of them."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, strict=True)
+    echo: bool = Field(False, strict=True)
+
+    def logprob_params(self) -> dict[str, int | None]:
+        check_num_logprobs("logprobs", self.logprobs)
+        return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -110,6 +125,14 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool = Field(False, strict=True)
+    top_logprobs: int | None = Field(None, strict=True)
+
+    def logprob_params(self) -> dict[str, int | None]:
+        check_num_logprobs("top_logprobs", self.top_logprobs)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -118,6 +141,53 @@ class ChatCompletionRequest(SamplingFields):
         if not self.messages:
             raise ValueError("messages is empty: a chat completion needs at least one message")
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+def _token(logprob: Logprob, token_id: int) -> str:
+    return logprob.decoded_token if logprob.decoded_token is not None else str(token_id)
+
+
+def _top(entry: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]]:
+    """The top ``num`` alternatives of one entry, most likely first (the sampled token if among them)."""
+    return sorted(((t, lp) for t, lp in entry.items() if lp.rank <= num), key=lambda item: item[1].rank)
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num: int) -> dict[str, Any]:
+    """OpenAI chat's ``choice.logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``, the top
+    ``num`` in each."""
+
+    def one(token_id: int, lp: Logprob) -> dict[str, Any]:
+        text = _token(lp, token_id)
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {**one(t, entry[t]), "top_logprobs": [one(a, lp) for a, lp in _top(entry, num)]}
+            for t, entry in zip(token_ids, entries, strict=True)
+        ]
+    }
+
+
+def completion_logprobs(
+    token_ids: list[int],
+    entries: list[dict[int, Logprob] | None],
+    num: int,
+    first_token: str = "",
+    offset: int = 0,
+) -> dict[str, Any]:
+    """OpenAI completions' ``choice.logprobs``: parallel lists ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (the top ``num``, ``{token: logprob}``) and ``text_offset`` (from ``offset``); an entry
+    None (an echoed
+    prompt's first token, named ``first_token``) has null logprobs."""
+    tokens, values, tops, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        text = first_token if entry is None else _token(entry[token_id], token_id)
+        tokens.append(text)
+        values.append(None if entry is None else entry[token_id].logprob)
+        tops.append(None if entry is None else {_token(lp, a): lp.logprob for a, lp in _top(entry, num)})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
 def new_id(prefix: str) -> str:
