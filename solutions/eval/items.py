@@ -198,7 +198,7 @@ def reasoning(rng: random.Random) -> Iterator[Item]:
         outsider = rng.choice([n for n in NAMES if n not in (a, b, c)])
         yield _item(rng, "reasoning", question, a if tallest else c, [a, b, c, outsider])
     for _ in range(10):
-        a, b = rng.randint(1, 5), rng.randint(1, 4)
+        a, b = rng.randint(2, 5), rng.randint(1, 4)  # "apples": never one
         question = f"Ann has {NUMBER_WORDS[a]} apples and buys {NUMBER_WORDS[b]} more. How many has she now?"
         wrong = [w for k, w in enumerate(NUMBER_WORDS) if k != a + b]
         yield _item(rng, "reasoning", question, NUMBER_WORDS[a + b], wrong)
