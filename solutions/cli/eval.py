@@ -50,14 +50,16 @@ def evaluate(
     group_size: int = 64,
     device: str = "auto",
     max_tokens: int = 1024,
+    dtype: str = "auto",
 ) -> Run:
     """Load the bundled model as the engine does at ``precision`` (its weights, quantization and activation
-    dtype: bfloat16 for INT4 on a CPU with native bfloat16) and score ``items`` through it."""
+    dtype: bfloat16 for INT4 on a CPU with native bfloat16, unless ``dtype`` says) and score ``items``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     # the scorer runs the model without the paged cache: the engine's KV cache is kept at its smallest
     llm = LLM(
         device=device,
+        dtype=dtype,
         quantization=PRECISIONS[precision],
         w_bit=w_bit,
         group_size=group_size,
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--dtype", default="auto", help="activations (default: the engine's choice per precision and device)"
+    )
     parser.add_argument("--max-tokens", type=int, default=1024, help="packed tokens per forward")
     args = parser.parse_args(argv)
     precisions = args.precisions.split(",")
@@ -130,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     items = spread(load_items(args.items), args.limit)
     runs = []
     for precision in precisions:
-        runs.append(evaluate(items, precision, args.w_bit, args.group_size, args.device, args.max_tokens))
+        runs.append(
+            evaluate(items, precision, args.w_bit, args.group_size, args.device, args.max_tokens, args.dtype)
+        )
         print(f"{runs[-1].label}: {runs[-1].seconds:.1f} s", file=sys.stderr, flush=True)
     print(f"{args.items.name} on {machine_name(args.device if args.device != 'auto' else None)}")
     print(table(items, runs))
