@@ -7,14 +7,26 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 import torch
 from tiny_models import random_llama
 
+from solutions.cli import eval as eval_cli
+from solutions.cli.eval import Run, spread, table
 from solutions.eval.items import ITEMS_FILE, Item, dumps, generate, load_items, validate
-from solutions.eval.scoring import Encoded, batches, choice_logprobs, encode_item, paired_difference, score
+from solutions.eval.scoring import (
+    Encoded,
+    Scored,
+    batches,
+    choice_logprobs,
+    encode_item,
+    paired_difference,
+    score,
+)
 from solutions.model.config import ModelConfig
 
 TINY = ModelConfig(
@@ -38,6 +50,12 @@ def test_the_shipped_items_keep_the_schema():
         assert len(set(item.choices)) == 4, item
     answers = torch.tensor([item.answer for item in items])
     assert torch.bincount(answers).min() > len(items) / 8, "the answer's position is shuffled"
+
+
+def test_the_readme_counts_the_items_of_each_category():
+    readme = (ITEMS_FILE.parent / "README.md").read_text()
+    stated = {m[1]: int(m[2]) for m in re.finditer(r"^\| (\w+) \| (\d+) \|", readme, re.MULTILINE)}
+    assert stated == Counter(item.category for item in load_items())
 
 
 @pytest.mark.parametrize(
@@ -120,3 +138,31 @@ def test_encode_item_drops_a_bos_before_each_choice():
     encoded = encode_item(BosTokenizer(), Item("x-000", "x", "Hi?", ["ab", "c"], 1))
     assert encoded.context == [0, *map(ord, "Question: Hi?\nAnswer:")]
     assert encoded.choices == [[ord(" "), ord("a"), ord("b")], [ord(" "), ord("c")]]
+
+
+def test_spread_keeps_every_category_and_the_table_prints_the_paired_difference():
+    items = load_items()
+    subset = spread(items, 50)
+    assert len(subset) == 50 and {i.category for i in subset} == {i.category for i in items}
+    assert spread(items, None) == items
+    with pytest.raises(ValueError, match="at least 1"):
+        spread(items, 0)
+    n = len(subset)
+    right = torch.ones(n, dtype=torch.bool)
+    wrong_two = right.clone()
+    wrong_two[:2] = False
+    runs = [
+        Run("float32", torch.float32, Scored(right, right), 1.0),
+        Run("AWQ INT4 g64", torch.bfloat16, Scored(wrong_two, right), 1.0),
+    ]
+    text = table(subset, runs)
+    assert "chance 25.0%" in text and "100.0 ± 0.0" in text and "96.0 ± 2.8" in text
+    se = math.sqrt((2 / n - (2 / n) ** 2) / n)
+    assert f"float32 - AWQ INT4 g64 (sum): +4.0 points ± {100 * se:.1f}" in text
+    assert "2 items differ: 2 right in float32 only, 0 in AWQ INT4 g64 only" in text
+
+
+def test_eval_names_an_unknown_precision(capsys):
+    with pytest.raises(SystemExit):
+        eval_cli.main(["--precisions", "float32,int8"])
+    assert "unknown precision 'int8'" in capsys.readouterr().err
