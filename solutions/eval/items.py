@@ -4,8 +4,8 @@ answer is right by construction and the set is the course's own work (``data/eva
 ``python -m solutions.eval.items`` rewrites ``data/eval/items.jsonl``; a test checks the shipped file is what
 this module writes. One item a line::
 
-    {"id": "capital-007", "category": "capitals", "question": "What is the capital of Japan?",
-     "choices": ["Lima", "Tokyo", "Oslo", "Cairo"], "answer": 1}
+    {"id": "capitals-004", "category": "capitals", "question": "What is the capital of Japan?",
+     "choices": ["Tokyo", "Abuja", "Havana", "Kathmandu"], "answer": 0}
 
 Invariants (``validate``): ids unique, 2+ distinct non-empty choices, ``0 <= answer < len(choices)``.
 """
@@ -53,7 +53,7 @@ CAPITALS = {
 }  # fmt: skip
 """Only capitals without a dispute or a move under way (no Bern, Jakarta, Kyiv/Kiev, Amsterdam/The Hague)."""
 
-# (question, answer, unit of the answer): fixed facts of the units
+# (question, answer): fixed facts of the units
 UNIT_FACTS = [
     ("How many centimetres are in a metre?", 100), ("How many millimetres are in a centimetre?", 10),
     ("How many metres are in a kilometre?", 1000), ("How many grams are in a kilogram?", 1000),
@@ -66,7 +66,7 @@ UNIT_FACTS = [
     ("How many ounces are in a pound?", 16), ("How many years are in a decade?", 10),
     ("How many years are in a century?", 100), ("How many years are in a millennium?", 1000),
 ]  # fmt: skip
-# (quantity, per unit, small unit, large unit): "How many {small} are in {n} {large}?" -> n * per
+# (small unit, how many in one large unit, large unit): "How many {small} are in {n} {large}?" -> n * per
 UNIT_SCALES = [
     ("centimetres", 100, "metres"), ("grams", 1000, "kilograms"), ("minutes", 60, "hours"),
     ("seconds", 60, "minutes"), ("hours", 24, "days"), ("days", 7, "weeks"), ("months", 12, "years"),
