@@ -1,5 +1,5 @@
 """Command line: ``python -m solutions generate | chat | serve | perplexity | bench NAME | calibrate-awq |
-moefy | train-eagle``. The engine's own commands are here; a benchmark or a driver is one module of
+moefy | train-eagle | eval``. The engine's own commands are here; a benchmark or a driver is one module of
 ``cli/``, imported by name when its command runs."""
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ DRIVERS = {
     "calibrate-awq": ("calibrate_awq", "AWQ scales and clips for a model, written to data/awq/ (Lesson 6)"),
     "moefy": ("moefy", "split SmolLM2's FFNs into experts (MoEfication) and score each top-k (Lesson 5)"),
     "train-eagle": ("train_eagle", "train the EAGLE draft head by self-distillation (Lesson 4)"),
+    "eval": ("eval", "multiple-choice accuracy by log-likelihood, float32 vs RTN vs AWQ (Lesson 6)"),
 }
 
 

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("tensor parallelism's layers and shards (they quantize a shard as quant/ does)", {"parallel"}),
     ("the engine: scheduler, runner, speculator, tensor-parallel executor", {"engine"}),
     ("the public API and its command-line flags", {"llm", "engine_options"}),
-    ("measuring helpers and the server, on the public API", {"bench", "serve"}),
+    ("measuring helpers, the server and the evaluation, on the public API", {"bench", "serve", "eval"}),
     ("Lesson 7's planner and measurements, on the measuring helpers", {"fast_mode"}),
     ("commands: python -m solutions and its drivers", {"cli", "__main__"}),
     ("the package's public names", {"__init__"}),
