@@ -45,6 +45,10 @@ DRIVERS = {
     "calibrate-awq": ("calibrate_awq", "AWQ scales and clips for a model, written to data/awq/ (Lesson 6)"),
     "moefy": ("moefy", "split SmolLM2's FFNs into experts (MoEfication) and score each top-k (Lesson 5)"),
     "train-eagle": ("train_eagle", "train the EAGLE draft head by self-distillation (Lesson 4)"),
+    "train-medusa": (
+        "train_medusa",
+        "train the Medusa heads on the EAGLE head's self-distilled data (Lesson 4)",
+    ),
 }
 
 

@@ -73,14 +73,16 @@ class MedusaHeads(nn.Module):
         return self
 
     def use_vocab(self, size: int | None) -> None:
-        """Draft over the ``size`` most frequent tokens of the training data, or the full vocabulary (None)."""
+        """Draft over the ``size`` most frequent tokens of the training data, or all of them (None)."""
         if self.lm_head_weight is None:
             raise RuntimeError("attach(target) the heads before choosing their vocabulary")
         if size is None:
             self.vocab_ids = torch.arange(self.lm_head_weight.shape[0], device=self.lm_head_weight.device)
             self.vocab_rows = self.lm_head_weight
         elif not 1 <= size <= len(self.draft_vocab):
-            raise ValueError(f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}")
+            raise ValueError(
+                f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}"
+            )
         else:
             self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
             self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
@@ -117,7 +119,9 @@ def load_heads(target: LlamaModel, path: str | Path = MEDUSA_PATH) -> MedusaHead
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no Medusa heads at {path}: train them with `python -m solutions train-medusa`")
+        raise FileNotFoundError(
+            f"no Medusa heads at {path}: train them with `python -m solutions train-medusa`"
+        )
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {name: f.get_tensor(name) for name in f.keys()}
