@@ -20,7 +20,7 @@ from ..llm import LLM
 from ..speculative.eagle import SPEC_DIR, most_frequent_tokens
 from ..speculative.medusa import MEDUSA_PATH, MedusaHeads, heads_loss, save_heads
 from ..speculative.train_eagle import features_and_labels
-from .train_eagle import _relative
+from .train_eagle import _read_features_cache, _relative
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
+    parser.add_argument(
+        "--features-cache",
+        type=Path,
+        default=None,
+        help="keep the target's features here (written once, read when its sequences match): skips the slow "
+        "pass when training again",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.data_fraction <= 1:
         parser.error(f"--data-fraction must be in (0, 1], got {args.data_fraction}")
@@ -66,10 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     chosen = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed))
     rows = [rows[i] for i in sorted(chosen[: max(1, round(args.data_fraction * len(rows)))].tolist())]
     heldout_rows = [json.loads(line) for line in args.heldout.read_text().splitlines()]
-    every = [
-        (*features_and_labels(model, r["token_ids"]), r["prompt_len"] - 1)
-        for r in tqdm(rows + heldout_rows, "features")
-    ]
+    every = _read_features_cache(args.features_cache, rows + heldout_rows)
+    if every is None:
+        every = [
+            (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]), r["prompt_len"])
+            for r in tqdm(rows + heldout_rows, "features")
+        ]
+        if args.features_cache is not None:
+            torch.save(every, args.features_cache)
+    # head training and scoring start at the position before the answer's first token
+    every = [(feats, labels, prompt_len - 1) for _, feats, labels, prompt_len in every]
     train, heldout = every[: len(rows)], every[len(rows) :]
     features_s = time.perf_counter() - started
     ranked = most_frequent_tokens([r["token_ids"] for r in rows], args.vocab_size)
