@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             schedule.step()
             progress.update()
-            progress.set_postfix(loss=f"{float(loss):.3f}", head1=f"{float(hits[0]):.2f}")
+            progress.set_postfix(loss=f"{float(loss.detach()):.3f}", head1=f"{float(hits[0]):.2f}")
         with torch.no_grad():
             agreement = sum(heads_loss(heads, f, lab, s, args.decay)[1] for f, lab, s in heldout) / len(
                 heldout
