@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vocab-size", type=int, default=4096, help="draft vocabulary (most frequent tokens)"
     )
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
     parser.add_argument("--decay", type=float, default=0.8, help="head k's loss weight: decay ** k")
     parser.add_argument("--seed", type=int, default=0)
