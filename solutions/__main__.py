@@ -33,7 +33,7 @@ BENCHES = {
     "kv": (
         "KV memory reserved vs used and concurrent sequences, paged vs contiguous; TTFT with a cached prefix"
     ),
-    "spec": "batch-1 speculative decoding: plain vs n-gram vs EAGLE chain vs EAGLE tree (tokens/s, tau)",
+    "spec": "batch-1 speculative decoding: plain, n-gram, EAGLE and Medusa chains and trees (tokens/s, tau)",
     "host": "the engine's own work per decode step, the model taken out: us per step and per request",
     "gpu": "the engine on a GPU in one run: decode vs roofline and HF, step profile, batch sweep, throughput",
     "tp": (
@@ -46,6 +46,10 @@ DRIVERS = {
     "moefy": ("moefy", "split SmolLM2's FFNs into experts (MoEfication) and score each top-k (Lesson 5)"),
     "train-eagle": ("train_eagle", "train the EAGLE draft head by self-distillation (Lesson 4)"),
     "eval": ("eval", "multiple-choice accuracy by log-likelihood, float32 vs RTN vs AWQ (Lesson 6)"),
+    "train-medusa": (
+        "train_medusa",
+        "train the Medusa heads on the EAGLE head's self-distilled data (Lesson 4)",
+    ),
 }
 
 

@@ -12,7 +12,7 @@ from .kernels.cpu_linear import native_bf16
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATION_METHODS = ("rtn", "awq")
-SPECULATIVE_METHODS = ("ngram", "eagle")
+SPECULATIVE_METHODS = ("ngram", "eagle", "medusa")
 
 
 @dataclass
@@ -34,10 +34,11 @@ class EngineConfig:
     AWQ reads scales cached by ``python -m solutions calibrate-awq``.
     ``skip_tokenizer_init`` loads no tokenizer (a folder without tokenizer files): prompts must be token ids,
     and outputs carry token ids with empty text.
-    ``speculative`` "ngram" or "eagle" drafts ``num_speculative_tokens`` tokens per request and step for the
-    model to verify (Lesson 4); with "eagle", ``speculative_tree_nodes > 0`` drafts EAGLE-2 trees of that
-    many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth) instead of
-    chains; ``eagle_head`` is the head's file (default: the one shipped in data/spec/).
+    ``speculative`` "ngram", "eagle" or "medusa" drafts ``num_speculative_tokens`` tokens per request and step
+    for the model to verify (Lesson 4); with "eagle" or "medusa", ``speculative_tree_nodes > 0`` drafts trees
+    of that many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth)
+    instead of chains; ``eagle_head`` / ``medusa_heads`` is the drafter's file (default: the one shipped in
+    data/spec/).
     ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL
     on cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off
     under it, and speculative decoding and MoE models are not supported with it.
@@ -64,6 +65,7 @@ class EngineConfig:
     speculative_tree_nodes: int = 0
     speculative_tree_top_k: int = 4
     eagle_head: str | None = None
+    medusa_heads: str | None = None
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
 
@@ -140,8 +142,10 @@ class EngineConfig:
                 f"speculative_tree_nodes must be >= 0 and speculative_tree_top_k >= 1, got "
                 f"{self.speculative_tree_nodes} and {self.speculative_tree_top_k}"
             )
-        if self.speculative_tree_nodes and self.speculative != "eagle":
-            raise ValueError(f"draft trees need speculative='eagle', got speculative={self.speculative!r}")
+        if self.speculative_tree_nodes and self.speculative not in ("eagle", "medusa"):
+            raise ValueError(
+                f"draft trees need speculative='eagle' or 'medusa', got speculative={self.speculative!r}"
+            )
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"

@@ -131,7 +131,7 @@ def test_shipped_head_loads_and_matches_its_checksum(load, llm):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(speculative="medusa"), "speculative must be None or one of"),
+        (dict(speculative="lookahead"), "speculative must be None or one of"),
         (
             dict(speculative="ngram", num_speculative_tokens=0),
             "num_speculative_tokens must be an integer >= 1",

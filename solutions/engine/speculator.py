@@ -23,6 +23,7 @@ from ..kernels.sampling import filtered_probs, sampling_probs
 from ..model.llama import LlamaModel
 from ..speculative.drafter import EagleDrafter, NgramDrafter
 from ..speculative.eagle import HEAD_PATH, load_head, target_features
+from ..speculative.medusa import MEDUSA_PATH, MedusaDrafter, load_heads
 from ..speculative.rejection import verify
 from ..speculative.tree import DraftTree, walk_greedy, walk_tree
 from .request import Request
@@ -46,7 +47,10 @@ class Speculator:
         self.max_model_len = min(config.max_model_len, model.config.max_position_embeddings)
         k = config.num_speculative_tokens
         if config.speculative == "ngram":
-            self.drafter: EagleDrafter | NgramDrafter = NgramDrafter(k)
+            self.drafter: EagleDrafter | MedusaDrafter | NgramDrafter = NgramDrafter(k)
+        elif config.speculative == "medusa":
+            heads = load_heads(model, config.medusa_heads or MEDUSA_PATH)
+            self.drafter = MedusaDrafter(heads, k, tree_depth=k, tree_top_k=config.speculative_tree_top_k)
         else:
             head = load_head(model, config.eagle_head or HEAD_PATH)
             self.drafter = EagleDrafter(head, k, tree_depth=k, tree_top_k=config.speculative_tree_top_k)

@@ -1,4 +1,4 @@
-"""``python -m solutions bench spec``: batch-1 greedy decode, plain vs n-gram vs EAGLE chain vs EAGLE tree.
+"""``python -m solutions bench spec``: batch-1 greedy decode, plain vs n-gram vs EAGLE vs Medusa drafts.
 
 Every method decodes the same held-back prompts (``data/spec/heldout.jsonl``: the EAGLE head never trained
 on them), interleaved prompt by prompt so that a noisy shared machine slows all methods alike. Greedy
@@ -7,9 +7,10 @@ outputs must match plain decoding token for token; the table gives tokens/s, the
 plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when ``llama_cpp`` is installed
 (an optional peer: its outputs come from other weights, so they are timed, not compared).
 
-``--offline`` instead scores EAGLE chains and trees of several sizes teacher-forced on the held-back greedy
-answers (``speculative.acceptance``): the τ each could reach, and its drafting
-time, with no target pass per step.
+``--offline`` instead scores EAGLE and Medusa chains and trees of several sizes teacher-forced on the
+held-back greedy answers (``speculative.acceptance``): the τ each could reach, the share of positions
+accepting at least 1, 2, 3, 4 drafts (for a Medusa chain: how far its heads 1, 2, 3, 4 carry), and its
+drafting time, with no target pass per step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ...sampling_params import SamplingParams
 from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
 from ...speculative.drafter import EagleDrafter
 from ...speculative.eagle import HEAD_PATH, SPEC_DIR, load_head
+from ...speculative.medusa import MedusaDrafter, load_heads
 
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
 
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--offline",
         action="store_true",
-        help="instead: teacher-forced tau of EAGLE chains and trees of several sizes on the "
+        help="instead: teacher-forced tau of EAGLE and Medusa chains and trees on the "
         "held-back greedy answers",
     )
     parser.add_argument("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
@@ -67,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         f"EAGLE chain k={k}": dict(speculative="eagle", num_speculative_tokens=k),
         f"EAGLE tree {args.tree_nodes}": dict(
             speculative="eagle",
+            num_speculative_tokens=args.tree_depth,
+            speculative_tree_nodes=args.tree_nodes,
+            speculative_tree_top_k=args.tree_top_k,
+        ),
+        f"Medusa chain k={k}": dict(speculative="medusa", num_speculative_tokens=k),
+        f"Medusa tree {args.tree_nodes}": dict(
+            speculative="medusa",
             num_speculative_tokens=args.tree_depth,
             speculative_tree_nodes=args.tree_nodes,
             speculative_tree_top_k=args.tree_top_k,
@@ -119,16 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             if ids != outputs["plain, AWQ INT4" if "AWQ" in name else "plain"]:
                 differ[name] = differ.get(name, 0) + 1
     plain_speed = tokens["plain"] / seconds["plain"]
-    print(f"{'method':18s} | {'tokens/s':>8s} | {'speed-up':>8s} | {'tau':>5s}")
+    print(f"{'method':20s} | {'tokens/s':>8s} | {'speed-up':>8s} | {'tau':>5s}")
     for name in methods:
         speed = tokens[name] / seconds[name]
         tau = verified[name] / passes[name] if passes[name] else 1.0
-        print(f"{name:18s} | {speed:8.1f} | {speed / plain_speed:7.2f}x | {tau:5.2f}")
+        print(f"{name:20s} | {speed:8.1f} | {speed / plain_speed:7.2f}x | {tau:5.2f}")
     print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
           f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
     print(
-        f"tree: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, "
-        f"{args.tree_nodes} nodes kept"
+        f"trees: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, "
+        f"{args.tree_nodes} nodes kept; Medusa paper (Cai et al. 2024, Vicuna 7B-33B on a GPU): "
+        "Medusa-1 ~2.2x, Medusa-2 2.3-3.6x"
     )
     goal = f"goal: AWQ batch-1 >= {GOALS['vs_llama_cpp']}x llama.cpp Q4_1"
     if llama_cpp is None:
@@ -156,29 +166,36 @@ def main(argv: list[str] | None = None) -> int:
 OFFLINE_DRAFTERS = {  # name: (chain length or tree depth, tree top-k, tree nodes; 0 nodes: a chain)
     "EAGLE chain k=1": (1, 1, 0),
     "EAGLE chain k=3": (3, 1, 0),
+    "EAGLE chain k=4": (4, 1, 0),
     "EAGLE chain k=5": (5, 1, 0),
     "EAGLE tree 8 (4 deep, top-4)": (4, 4, 8),
     "EAGLE tree 16 (5 deep, top-6)": (5, 6, 16),
     "EAGLE tree 32 (6 deep, top-8)": (6, 8, 32),
     "EAGLE tree 64 (8 deep, top-10)": (8, 10, 64),
+    "Medusa chain k=4": (4, 1, 0),  # its 4 heads: depth d is head d
+    "Medusa tree 8 (4 deep, top-4)": (4, 4, 8),
+    "Medusa tree 16 (4 deep, top-6)": (4, 6, 16),
+    "Medusa tree 32 (4 deep, top-8)": (4, 8, 32),
 }
 
 
 def offline(indices: list[int], head_path: str | None = None) -> int:
-    """Teacher-forced τ (``speculative.acceptance``) of the head at ``head_path`` (default: the shipped one)
-    on the held-back prompts' greedy answers: what larger trees could give before any verify pass is paid for.
-    float32, no target pass per step."""
+    """Teacher-forced τ (``speculative.acceptance``) of the EAGLE head at ``head_path`` (default: the shipped
+    one) and the shipped Medusa heads on the held-back prompts' greedy answers, at the same positions: what
+    larger trees could give before any verify pass is paid for. float32, no target pass per step."""
     lines = (SPEC_DIR / "heldout_responses.jsonl").read_text().splitlines()
     model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
     answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
     head = load_head(model, head_path or HEAD_PATH)
+    heads = load_heads(model)
     positions = sum(len(ids) - 1 - start for ids, start, _ in answers)
     print(
         f"{machine_name()}: teacher-forced on {len(answers)} held-back greedy answers, {positions} positions"
     )
     print(f"{'drafter':32s} | {'tau':>5s} | P(accepted >= 1, 2, 3, 4) | draft ms/step")
     for name, (depth, top_k, nodes) in OFFLINE_DRAFTERS.items():
-        drafter = EagleDrafter(head, depth, tree_depth=depth if nodes else 0, tree_top_k=top_k)
+        kind, owner = (MedusaDrafter, heads) if name.startswith("Medusa") else (EagleDrafter, head)
+        drafter = kind(owner, depth, tree_depth=depth if nodes else 0, tree_top_k=top_k)
         result = teacher_forced_acceptance(drafter, answers, nodes)
         shares = "  ".join(f"{result.at_least(d):.2f}" for d in range(1, 5))
         print(f"{name:32s} | {result.tau:5.2f} | {shares:>25s} | {result.draft_seconds * 1e3:8.1f}")
