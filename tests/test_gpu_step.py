@@ -65,3 +65,24 @@ def test_no_step_writes_the_staging_buffer_while_its_last_copy_is_in_flight(tiny
             request.num_computed += plan.num_scheduled_tokens[request.request_id]
     staging.send(0)  # the last step's copy checked too
     assert staging.sends == 4 and staging.races == 0
+
+
+def test_the_kv_budget_holds_back_exactly_the_bytes_the_graphs_keep(tiny_folder):
+    """Every bucket's graph writes into the first rows of one shared output pair, so what the graphs keep past
+    capture is that pair alone, and it is what ``kv_sizing`` counts (on a CPU a 256-token context is one
+    split: no scratch)."""
+    from solutions.engine.cuda_graphs import RecordedCall
+    from solutions.engine.kv_sizing import graph_bytes
+
+    llm = make_llm(tiny_folder, max_num_seqs=8)
+    runner, config = llm.engine.runner, llm.engine.config
+    runner.capture_decode_graphs(config.max_graph_rows, RecordedCall)
+    kept = {}
+    for graph in runner.graphs.graphs.values():
+        for tensor in graph.outputs:
+            storage = tensor.untyped_storage()
+            kept[storage.data_ptr()] = storage.nbytes()
+    model = runner.model
+    counted = graph_bytes(model.config, model.norm.weight.dtype, config.max_graph_rows, 256, runner.device)
+    assert len(runner.graphs.buckets) > 1 and len(kept) == 2  # one logits and one hidden buffer in all
+    assert sum(kept.values()) == runner.graph_outputs.nbytes == counted

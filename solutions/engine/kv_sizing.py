@@ -4,7 +4,11 @@ what they will hold (an eager step's activations, the decode graphs' pool and th
 On a CUDA device the budget is ``free - (1 - gpu_memory_utilization) * total`` minus::
 
     eager step     one forward of max_num_batched_tokens tokens, measured (attention stubbed)
-    graph pool     one forward of the largest bucket, measured the same way: buckets share one pool
+    graph pool     one forward of the largest bucket, measured the same way (buckets share one pool), plus
+                   the decode kernel's split-K scratch of one layer at the bucket that needs the most
+                   (``split_scratch_bytes``: the stub allocates none)
+    graph outputs  the one static logits + hidden buffer every bucket writes into, counted exactly
+                   (``GraphOutputs.bytes_for``; a test checks it against what capture allocates)
 
 On a CPU the budget is ``CPU_KV_CACHE_BYTES`` unless ``kv_cache_memory`` names one.
 """
@@ -18,10 +22,30 @@ import torch
 from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
 from ..kernels.blocks import cdiv
+from ..kernels.paged_attention import decode_num_splits
+from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
+from .cuda_graphs import GraphOutputs, batch_buckets
 
 log = logging.getLogger("fastmode")
 CPU_KV_CACHE_BYTES = 1 << 30  # a laptop holds 1 GiB of KV cache: 23k tokens of SmolLM2-135M in float32
+
+
+def graph_bytes(c: ModelConfig, dtype: torch.dtype, max_rows: int, max_model_len: int, device) -> int:
+    """What the decode graphs hold beyond one stubbed forward of ``max_rows`` rows: their shared outputs,
+    and the split-K scratch (partial outputs and log-sum-exps, float32) of the bucket that needs most."""
+    buckets = batch_buckets(max_rows)
+    outputs = GraphOutputs.bytes_for(buckets[-1], c.vocab_size, c.hidden_size, dtype)
+    return outputs + max(
+        split_scratch_bytes(c, b, decode_num_splits(b, c.num_kv_heads, max_model_len, device))
+        for b in buckets
+    )
+
+
+def split_scratch_bytes(c: ModelConfig, rows: int, num_splits: int) -> int:
+    """One decode attention's scratch: ``[rows, q_heads, splits, head_dim]`` partial outputs and ``[rows,
+    q_heads, splits]`` log-sum-exps, float32; none with one split (the kernel writes its output)."""
+    return 0 if num_splits == 1 else rows * c.num_heads * num_splits * (c.head_dim + 1) * 4
 
 
 def allocate_kv_cache(model: LlamaModel, cfg: EngineConfig, max_model_len: int) -> PagedKVCache:
@@ -44,12 +68,16 @@ def allocate_kv_cache(model: LlamaModel, cfg: EngineConfig, max_model_len: int) 
         free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
         activations = activation_bytes(model, max_model_len, cfg.max_num_batched_tokens, cfg.max_logits_rows)
         rows = cfg.max_graph_rows
-        pool = 0 if cfg.enforce_eager else activation_bytes(model, max_model_len, rows, rows)
-        budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - pool
+        graphs = 0
+        if not cfg.enforce_eager:
+            rows = min(rows, cfg.max_num_batched_tokens)  # the runner's largest bucket
+            graphs = activation_bytes(model, max_model_len, rows, rows)
+            graphs += graph_bytes(c, model.norm.weight.dtype, rows, max_model_len, model.norm.weight.device)
+        budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
         log.info(
             "GPU memory held back from the KV cache: %.0f MiB for a step's activations, %.0f MiB for graphs",
             activations / 2**20,
-            pool / 2**20,
+            graphs / 2**20,
         )
     elif budget is None:
         budget = CPU_KV_CACHE_BYTES
