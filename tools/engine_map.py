@@ -21,6 +21,7 @@ BEGIN, END = "<!-- engine map -->", "<!-- /engine map -->"
 
 # (file under solutions/, the stage of a step it holds), in the order a request meets them.
 STAGES = (
+    ("engine/kv_sizing.py", "at start-up: the KV cache sized to what the steps leave of the device's memory"),
     ("llm.py", "`LLM.generate`: submits the prompts, loops `Engine.step` until every request finishes"),
     ("engine/request.py", "`RequestGroup.create` validates a prompt; a request's tokens, stop rules, state"),
     ("engine/engine.py", "`Engine.step`: schedule, execute, sample / verify, update, outputs"),

@@ -184,6 +184,6 @@ class PagedAttention:
                 max_query_len=meta.max_query_len,
                 max_seq_len=meta.max_seq_len,
             )
-        # A bfloat16 model on a CPU keeps a float32 cache (``Engine._allocate_kv_cache``):
+        # A bfloat16 model on a CPU keeps a float32 cache (``kv_sizing.allocate_kv_cache``):
         # attend in its dtype.
         return self._step.attend(q.to(k_cache.dtype), k_cache, v_cache).to(q.dtype)

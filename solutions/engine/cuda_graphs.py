@@ -41,6 +41,34 @@ def batch_buckets(max_rows: int) -> list[int]:
 Outputs = tuple[torch.Tensor, ...]
 
 
+class GraphOutputs:
+    """The one pair of static outputs every decode graph writes into (nano-vllm's ``outputs[:bs]``): logits
+    ``[max_rows, vocab]`` float32 and hidden states ``[max_rows, hidden]``; a bucket of ``b`` rows writes the
+    first ``b`` of each. Its own temporaries then die with its capture, so the graphs' shared pool holds one
+    forward's activations, not every bucket's outputs. Invariant: ``nbytes == bytes_for(...)`` of its shape,
+    which is what the KV sizing holds back for it (``kv_sizing``)."""
+
+    def __init__(self, max_rows: int, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device):
+        self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=device)
+        self.hidden = torch.empty(max_rows, hidden, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_for(max_rows: int, vocab: int, hidden: int, dtype: torch.dtype) -> int:
+        return max_rows * (vocab * 4 + hidden * dtype.itemsize)
+
+    @property
+    def nbytes(self) -> int:
+        return self.logits.nbytes + self.hidden.nbytes
+
+    def write(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
+        """Copy one bucket's results into its rows and return those rows (views: valid until the next
+        replay)."""
+        rows = logits.shape[0]
+        self.logits[:rows].copy_(logits)
+        self.hidden[:rows].copy_(hidden)
+        return self.logits[:rows], self.hidden[:rows]
+
+
 class CudaGraph:
     """A captured forward pass on CUDA: ``capture(fn)`` records ``fn``'s launches into ``pool``, ``replay()``
     relaunches them and returns the same output tensors, now holding the new results."""
@@ -82,9 +110,9 @@ class RecordedCall:
 
 class DecodeGraphs:
     """One captured decode forward per bucket. ``forward(bucket)`` runs the model on the static inputs
-    of that bucket and returns its outputs (the runner's: logits ``[bucket, vocab]`` and hidden states
-    ``[bucket, hidden]``); ``warm_up(bucket)`` fills the inputs with a valid batch (padding rows only) first,
-    since a graph records the kernels its first run chooses."""
+    of that bucket and returns its outputs (the runner's: the first ``bucket`` rows of its ``GraphOutputs``);
+    ``warm_up(bucket)`` fills the inputs with a valid batch (padding rows only) first, since a graph records
+    the kernels its first run chooses."""
 
     def __init__(
         self,

@@ -22,10 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.kv_cache_manager import KVCacheManager
-from ..cache.paged_kv_cache import PagedKVCache
 from ..config import EngineConfig
 from ..kernels.attention_backend import backend_for_model, resolve_backend
-from ..kernels.blocks import cdiv
 from ..kernels.cpu_linear import decisions_line, use_fastest_linears
 from ..kernels.sampling import filtered_probs, sample
 from ..model.cpu_decode_layers import decode_layers
@@ -36,6 +34,7 @@ from ..quant.cpu_int4_layer import int4_decode_layers
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
 from . import logprobs
+from .kv_sizing import allocate_kv_cache
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
 from .runner import ModelOutput, ModelRunner
@@ -45,7 +44,6 @@ from .speculator import NO_SPECULATION, Speculator
 from .tp_executor import TensorParallelExecutor
 
 log = logging.getLogger("fastmode")
-CPU_KV_CACHE_BYTES = 1 << 30  # a laptop holds 1 GiB of KV cache: 23k tokens of SmolLM2-135M in float32
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class Engine:
             log.info(decisions_line(use_fastest_linears(self.model)))
         if self.workers is None:
             self.model.use_ops(select_layer_ops(self.device, self.model))  # fused kernels where they pay
-        cache = self._allocate_kv_cache()
+        cache = allocate_kv_cache(self.model, config, self.max_model_len)
         if self.workers is None and self.device.type == "cpu":  # a lone decode's layers without module calls
             model, dtype = self.model, cache.k.dtype
             model.fused_decode = int4_decode_layers(model, dtype) or decode_layers(model, dtype)
@@ -321,79 +319,3 @@ class Engine:
             kv_blocks_used=self.kv.num_used_blocks,
             kv_blocks_total=self.kv.num_blocks - 1,
         )
-
-    # -- sizing the KV cache (at start-up) ---------------------------------------------------------------
-
-    def _allocate_kv_cache(self) -> PagedKVCache:
-        """Size the paged cache from the budget; fail now if one ``max_model_len`` sequence cannot fit.
-
-        The cache holds the model's dtype, except a bfloat16 model on a CPU keeps a float32 cache:
-        torch's fused CPU attention runs several times slower in bfloat16 than in float32 for one decode
-        query over 64-1024 keys, and the K/V are a small share of a decode step's bytes at this model's size.
-        Its heads are the model's own: under tensor parallelism, this rank's KV heads (every rank holds
-        the same blocks)."""
-        c, cfg = self.model.config, self.config
-        dtype = self.model.norm.weight.dtype
-        if dtype == torch.bfloat16 and not cfg.device.startswith("cuda"):
-            dtype = torch.float32
-        per_block = PagedKVCache.bytes_per_block(
-            c.num_layers, cfg.kv_block_size, c.num_kv_heads, c.head_dim, dtype
-        )
-        budget = cfg.kv_cache_memory
-        if budget is None and cfg.device.startswith("cuda"):
-            free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
-            # What the steps themselves will hold: an eager step's activations, and the decode graphs' pool.
-            activations = self._activation_bytes(cfg.max_num_batched_tokens, cfg.max_logits_rows)
-            rows = cfg.max_graph_rows
-            graphs = 0 if cfg.enforce_eager else self._activation_bytes(rows, rows)
-            budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
-            log.info(
-                "GPU memory held back from the KV cache: "
-                "%.0f MiB for a step's activations, %.0f MiB for graphs",
-                activations / 2**20,
-                graphs / 2**20,
-            )
-        elif budget is None:
-            budget = CPU_KV_CACHE_BYTES
-        num_blocks = budget // per_block
-        blocks_per_seq = cdiv(self.max_model_len, cfg.kv_block_size)
-        if num_blocks < blocks_per_seq + 1:  # + the null block
-            needed = (blocks_per_seq + 1) * per_block
-            raise ValueError(
-                f"the KV cache budget of {budget:,} bytes holds {num_blocks} blocks, but one sequence "
-                f"of max_model_len={self.max_model_len} tokens needs {needed:,} bytes ({blocks_per_seq} "
-                f"blocks of {cfg.kv_block_size} tokens, {per_block:,} bytes each, plus the null block): "
-                f"raise kv_cache_memory to at least {needed:,} or lower max_model_len"
-            )
-        log.info(
-            "KV cache: %d blocks of %d tokens (%.0f MiB); %.1f sequences of max_model_len=%d fit",
-            num_blocks,
-            cfg.kv_block_size,
-            num_blocks * per_block / 2**20,
-            (num_blocks - 1) / blocks_per_seq,
-            self.max_model_len,
-        )
-        return PagedKVCache(
-            c.num_layers,
-            num_blocks,
-            cfg.kv_block_size,
-            c.num_kv_heads,
-            c.head_dim,
-            dtype,
-            self.model.norm.weight.device,
-        )
-
-    @torch.inference_mode()
-    def _activation_bytes(self, num_tokens: int, num_logits: int) -> int:
-        """Peak CUDA memory one eager forward of ``num_tokens`` tokens, ``num_logits`` of them wanting logits,
-        takes beyond what is allocated now (its attention stands in for the kernels, which write into the
-        cache and allocate only their output)."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
-        positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device) % self.max_model_len
-        hidden = self.model(ids, positions, lambda layer, q, k, v: q.clone())
-        self.model.logits(hidden[-num_logits:])
-        del hidden
-        return torch.cuda.max_memory_allocated(self.device) - before

@@ -36,9 +36,10 @@ class StagingBuffer:
     """A host buffer (pinned when the device is CUDA) and its device twin.
 
     Write the host side through ``numpy`` (a view, no copy), then ``send(n)`` copies its first ``n``
-    entries with one non-blocking copy and returns the device view. Invariant: the host side is
-    not written again until the previous copy has run; the engine reads its step's results (a sync)
-    before it prepares the next step.
+    entries with one non-blocking copy and returns the device view. A non-blocking copy reads the host
+    side when the stream reaches it, not when it is queued, so invariant: the host side is written only
+    after ``wait()``, which blocks until the last ``send``'s copy has run (an event recorded after each
+    copy; on a CPU the device side is the host side and there is nothing to wait for).
     """
 
     def __init__(self, size: int, dtype: torch.dtype, device: torch.device):
@@ -46,11 +47,19 @@ class StagingBuffer:
         self.host = torch.zeros(size, dtype=dtype, pin_memory=self.on_cuda)
         self.numpy = self.host.numpy()
         self.device = torch.zeros(size, dtype=dtype, device=device) if self.on_cuda else self.host
+        self._sent = torch.cuda.Event() if self.on_cuda else None
 
     def send(self, n: int) -> torch.Tensor:
         if self.on_cuda:
             self.device[:n].copy_(self.host[:n], non_blocking=True)
+            self._sent.record()
         return self.device[:n]
+
+    def wait(self) -> None:
+        """Block until the last ``send``'s copy has read the host side (at once when it has: after a step's
+        read, the usual case)."""
+        if self._sent is not None:
+            self._sent.synchronize()
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,7 @@ class InputBatch:
             width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
             layout = StepLayout(num_tokens, num_logits, num_tokens if decode_rows else batch, width)
         host_views, device_views = self._views(layout)
+        self.staging.wait()  # the previous step's copy may still be reading the host side
         ids, positions, slots, logits_rows, query_start, lens, table = host_views
         query_end = np.cumsum(counts)
         if num_tokens == batch:  # one token per request

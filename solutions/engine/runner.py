@@ -29,7 +29,7 @@ from ..kernels.attention_backend import resolve_backend
 from ..kernels.paged_attention import tune_decode
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
-from .cuda_graphs import CudaGraph, DecodeGraphs, batch_buckets
+from .cuda_graphs import CudaGraph, DecodeGraphs, GraphOutputs, batch_buckets
 from .input_batch import InputBatch, StepInputs
 from .scheduler import SchedulerOutput
 
@@ -64,6 +64,7 @@ class ModelRunner:
             max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device
         )
         self.graphs: DecodeGraphs | None = None
+        self.graph_outputs: GraphOutputs | None = None
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
         self._tokens_ready = torch.cuda.Event() if on_cuda else None
@@ -169,6 +170,9 @@ class ModelRunner:
                 "CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them"
             )
         buckets = batch_buckets(min(max_rows, self.batch.max_num_tokens))
+        c = self.model.config
+        dtype = self.model.norm.weight.dtype
+        self.graph_outputs = GraphOutputs(buckets[-1], c.vocab_size, c.hidden_size, dtype, self.device)
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
 
     def _pad_bucket(self, bucket: int) -> None:
@@ -183,10 +187,11 @@ class ModelRunner:
 
     def _decode_forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model over a bucket's static inputs, every row a decode (one query, its logits wanted): logits
-        ``[bucket, vocab]`` and hidden states ``[bucket, hidden]`` (an EAGLE drafter's features). The
+        ``[bucket, vocab]`` and hidden states ``[bucket, hidden]`` (an EAGLE drafter's features), written into
+        the first ``bucket`` rows of the shared ``graph_outputs``. The
         attention kernel's launch depends on the bucket alone: the context bound is ``max_model_len``."""
         layout = self.batch.decode_layout(bucket)
         ids, positions, slots, _, query_start, seq_lens, table = layout.split(self.batch.staging.device)
         meta = AttentionMetadata(slots, table, query_start, seq_lens, 1, self.max_model_len)
         hidden = self.model(ids, positions, PagedAttention(self.cache, meta, self.attention_backend))
-        return self.model.logits(hidden), hidden
+        return self.graph_outputs.write(self.model.logits(hidden), hidden)
