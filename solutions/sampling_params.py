@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine.logprobs import check_num_logprobs
+MAX_LOGPROBS = 20  # the most top alternatives a request may ask for per token (vLLM's default limit)
+
+
+def check_num_logprobs(name: str, value: object) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is None or an integer in ``[0, MAX_LOGPROBS]``."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
+        raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solutions.engine.logprobs import MAX_LOGPROBS, Logprob
-from solutions.sampling_params import SamplingParams
+from solutions.engine.logprobs import Logprob
+from solutions.sampling_params import MAX_LOGPROBS, SamplingParams
 from tests.test_cuda_graphs import count_host_reads, make_llm
 
 PROMPTS = [[1, 5, 9, 17, 33, 2, 64, 7, 7, 80, 3, 11], [4, 4, 8, 15, 16, 23, 42], [99, 1, 50]]

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_LOGPROBS = 20  # the most top alternatives a request may ask for per token (vLLM's default limit)
-
 
 @dataclass(frozen=True)
 class Logprob:
@@ -42,14 +40,6 @@ class Logprob:
 
 
 TokenLogprobs = dict[int, Logprob]
-
-
-def check_num_logprobs(name: str, value: object) -> None:
-    """Raise ValueError naming ``name`` unless ``value`` is None or an integer in ``[0, MAX_LOGPROBS]``."""
-    if value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
-        raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
 
 def check_supported(params, config) -> None:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..engine.logprobs import Logprob, check_num_logprobs
-from ..sampling_params import SamplingParams
+from ..engine.logprobs import Logprob
+from ..sampling_params import SamplingParams, check_num_logprobs
 
 
 class APIError(Exception):
