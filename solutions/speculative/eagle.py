@@ -97,16 +97,7 @@ class EagleHead(nn.Module):
         or the full vocabulary (None)."""
         if self.lm_head_weight is None:
             raise RuntimeError("attach(target) the head before choosing its vocabulary")
-        if size is None:
-            self.vocab_ids = torch.arange(self.lm_head_weight.shape[0], device=self.lm_head_weight.device)
-            self.vocab_rows = self.lm_head_weight
-        elif not 1 <= size <= len(self.draft_vocab):
-            raise ValueError(
-                f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}"
-            )
-        else:
-            self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
-            self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
+        self.vocab_ids, self.vocab_rows = vocab_slice(self.lm_head_weight, self.draft_vocab, size)
         self.vocab_linear = fastest_linear(self.vocab_rows) if self.cpu_paths else None
 
     def forward(
@@ -192,6 +183,19 @@ def most_frequent_tokens(token_lists: list[list[int]], size: int) -> torch.Tenso
 
 def sha256_of(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def vocab_slice(
+    lm_head_weight: torch.Tensor, draft_vocab: torch.Tensor, size: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft vocabulary's token ids and their LM-head rows: the ``size`` most frequent tokens of the
+    training data (``draft_vocab`` is sorted by frequency), or the whole vocabulary (None)."""
+    if size is None:
+        return torch.arange(lm_head_weight.shape[0], device=lm_head_weight.device), lm_head_weight
+    if not 1 <= size <= len(draft_vocab):
+        raise ValueError(f"draft vocabulary size must be in [1, {len(draft_vocab)}] or None, got {size}")
+    ids = draft_vocab[:size].to(lm_head_weight.device)
+    return ids, lm_head_weight[ids].contiguous()
 
 
 def save_head(head: EagleHead, path: str | Path, metadata: dict[str, str]) -> str:

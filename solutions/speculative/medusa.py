@@ -27,7 +27,7 @@ from torch import nn
 from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
 from .drafter import Draft
-from .eagle import SPEC_DIR, sha256_of
+from .eagle import SPEC_DIR, sha256_of, vocab_slice
 from .tree import DraftTree, grow_tree
 
 MEDUSA_PATH = SPEC_DIR / "medusa_heads.safetensors"
@@ -76,16 +76,7 @@ class MedusaHeads(nn.Module):
         """Draft over the ``size`` most frequent tokens of the training data, or all of them (None)."""
         if self.lm_head_weight is None:
             raise RuntimeError("attach(target) the heads before choosing their vocabulary")
-        if size is None:
-            self.vocab_ids = torch.arange(self.lm_head_weight.shape[0], device=self.lm_head_weight.device)
-            self.vocab_rows = self.lm_head_weight
-        elif not 1 <= size <= len(self.draft_vocab):
-            raise ValueError(
-                f"draft vocabulary size must be in [1, {len(self.draft_vocab)}] or None, got {size}"
-            )
-        else:
-            self.vocab_ids = self.draft_vocab[:size].to(self.lm_head_weight.device)
-            self.vocab_rows = self.lm_head_weight[self.vocab_ids].contiguous()
+        self.vocab_ids, self.vocab_rows = vocab_slice(self.lm_head_weight, self.draft_vocab, size)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Features ``[T, H]`` -> every head's hidden state ``[T, K, H]`` (one batched product)."""
