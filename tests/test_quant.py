@@ -60,6 +60,38 @@ def test_pack_layout_is_element_k_at_bit_4k(load):
     )
 
 
+@pytest.mark.lab6
+def test_pack_layout_keeps_neighbours_in_one_word(load):
+    """Eight values make one word, so a test of eight values cannot tell word k // 8 from a stride: here each
+    row holds 24 values, three words. The INT4 kernels read element k from word k // 8, field k % 8; a packing
+    that strides (element k to word k % (K / 8)) round-trips through its own unpack and still feeds the
+    kernels scrambled weights."""
+    pack = load("quant.pack")
+    values = torch.arange(48, dtype=torch.uint8).reshape(2, 24) % 16
+    words = [
+        [sum(int(values[r, 8 * j + i]) << (4 * i) for i in range(8)) for j in range(3)] for r in range(2)
+    ]
+    expected = [[w - (1 << 32) if w >= 1 << 31 else w for w in row] for row in words]
+    got = pack.pack_int4(values).tolist()
+    strided = [
+        [sum(int(values[r, 3 * i + j]) << (4 * i) for i in range(8)) for j in range(3)] for r in range(2)
+    ]
+    if [[w & 0xFFFFFFFF for w in row] for row in got] == strided:
+        raise AssertionError(
+            "pack_int4 strides: element k went to word k % (K // 8) at field k // (K // 8). Element k "
+            "belongs in word k // 8 at bits 4 * (k % 8): reshape the last dimension to [K // 8, 8], "
+            "not [8, K // 8], and unpack the same way (the round trip hides this, the INT4 kernels do not)"
+        )
+    assert got == expected, (
+        f"pack_int4 of a [2, 24] row gave words {[[hex(w & 0xFFFFFFFF) for w in row] for row in got]}, "
+        f"expected {[[hex(w) for w in row] for row in words]}: element k in word k // 8 at bits 4 * (k % 8)"
+    )
+    back = pack.unpack_int4(torch.tensor(expected, dtype=torch.int32))
+    assert back.tolist() == values.tolist(), (
+        "unpack_int4 of correctly packed words gave other values: field i of word j is element 8 * j + i"
+    )
+
+
 def test_pack_rejects_bad_input(load):
     pack = load("quant.pack")
     with pytest.raises(ValueError, match="multiple of 8"):
