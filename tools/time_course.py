@@ -12,7 +12,8 @@ What is timed, each in a fresh process from the repository root, as a learner me
 Each figure is a wall time and a CPU time (of the command and of every process it waited for); the machine
 (``lscpu``'s model name and CPU count) goes beside the table. Times are kept in ``results/course_times.json``,
 so that a run of some of the items (``--notebooks 07 09 --labs``: two notebooks, no lab) updates only those
-rows; ``--write`` only renders the kept times into CONTRIBUTING.md between its two markers.
+rows; ``--write`` only renders the kept times into CONTRIBUTING.md between its two markers, and ``--shared``
+says that other jobs shared the machine while they ran (the table then says to plan from the CPU column).
 
     python tools/time_course.py                 # everything, then --write
     python tools/time_course.py --notebooks 07 --labs   # notebook 07 only, no lab
@@ -97,11 +98,16 @@ def table(times: dict) -> str:
     lines = [
         BEGIN,
         "",
-        f"Measured on {times.get('machine', '?')}, {times.get('date', '?')}, while **other jobs shared the "
-        "machine** (several sessions running tests and notebooks on its cores at once), so the wall times "
-        "are longer than a quiet machine's; the CPU time (the command and the processes it waited for, a "
-        "notebook's kernel included) moves less with the load. Plan sessions from the CPU column on a quiet "
-        "2-core machine, from the wall column on a busy one.",
+        f"Measured on {times.get('machine', '?')}, {times.get('date', '?')}"
+        + (
+            ", while **other jobs shared the machine**, so the wall times are longer than a quiet machine's; "
+            "the CPU time (the command and the processes it waited for, a notebook's kernel included) moves "
+            "less with the load. Plan sessions from the CPU column on a quiet 2-core machine, from the wall "
+            "column on a busy one."
+            if times.get("shared", True)
+            else ", nothing else running. A notebook's CPU time can pass its wall time: its kernel and the "
+            "engine use both cores."
+        ),
         "",
         "| step | what runs | wall time | CPU time | |",
         "|---|---|---|---|---|",
@@ -152,6 +158,9 @@ def main() -> None:
     parser.add_argument(
         "--write", action="store_true", help="only render the kept times into CONTRIBUTING.md"
     )
+    parser.add_argument(
+        "--shared", action="store_true", help="other jobs shared the machine while the kept times ran"
+    )
     args = parser.parse_args()
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     if not args.write:
@@ -159,6 +168,7 @@ def main() -> None:
         labs = LABS if args.labs is None else [lab for lab in LABS if lab in args.labs]
         times["machine"] = machine()
         times["date"] = datetime.now(UTC).strftime("%Y-%m-%d")
+        times["shared"] = args.shared
         for name in notebooks:
             times.setdefault("notebooks", {})[name] = result = time_notebook(name)
             status = "" if result["passed"] else " FAILED"
@@ -172,6 +182,9 @@ def main() -> None:
             tests = minutes(result["tests_seconds"])
             print(f"Lab {lab}: holes {minutes(result['holes_seconds'])}, tests {tests}", flush=True)
             TIMES.write_text(json.dumps(times, indent=1) + "\n")
+    if args.write and args.shared:
+        times["shared"] = True
+        TIMES.write_text(json.dumps(times, indent=1) + "\n")
     write_contributing(times)
     print(table(times))
 
