@@ -15,6 +15,10 @@ then derives the step's flat arrays with a few numpy operations, never a Python 
 All of them are int32 and packed, in that order, at the front of one pinned host buffer, so one
 non-blocking copy sends the step's inputs to the device (on a CPU the "device" buffer is the host
 buffer itself: no copy at all).
+
+Words:  row          a persistent-batch row, one running request's (``row_of``, ``free_rows``, ``batch_rows``)
+        logits span  the slice of a step's logits one request draws from (``StepInputs.logits_spans``)
+        bucket       a decode graph's size: the tokens it holds, each wanting its logits, padding included
 """
 
 from __future__ import annotations
@@ -98,9 +102,10 @@ class StepLayout:
 class StepInputs:
     """One step's inputs on the model's device (views of the packed buffer) and what the host keeps of them.
 
-    ``rows[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request whose
-    step reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when verifying
-    ``k`` drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads them).
+    ``logits_spans[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request
+    whose step reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when
+    verifying ``k`` drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads
+    them).
     """
 
     layout: StepLayout
@@ -113,7 +118,7 @@ class StepInputs:
     block_table: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    rows: dict[str, slice]
+    logits_spans: dict[str, slice]
     batch_rows: np.ndarray  # [B] each scheduled request's row of the persistent batch
     num_computed: np.ndarray  # [B] tokens each request had computed before this step
 
