@@ -166,26 +166,41 @@ class ModelRunner:
     @torch.inference_mode()
     def capture_decode_graphs(self, max_bucket: int, graph_type: type = CudaGraph) -> None:
         """Capture one decode graph per bucket up to ``max_bucket`` tokens (``EngineConfig.max_graph_rows``;
-        ``graph_type``: ``CudaGraph`` on CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode and
-        chain-verifying steps then replay them."""
+        ``graph_type``: ``CudaGraph`` on CUDA, ``RecordedCall`` to test the same logic on a CPU), each
+        bucket's decode kernel tuned first (``_tune_decode_buckets``). Decode and chain-verifying steps then
+        replay them."""
         if graph_type is CudaGraph and self.device.type != "cuda":
             raise ValueError(
                 "CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them"
             )
         buckets = batch_buckets(min(max_bucket, self.batch.max_num_tokens))
+        self._tune_decode_buckets(buckets)
         c = self.model.config
         dtype = self.model.norm.weight.dtype
         self.graph_outputs = GraphOutputs(buckets[-1], c.vocab_size, c.hidden_size, dtype, self.device)
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
 
-    def _pad_bucket(self, bucket: int) -> None:
-        """Fill a bucket's static inputs with padding rows only (a valid batch that touches no live slot), and
-        tune the decode kernel for the bucket first: padding rows have no context to time it on."""
-        if self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton":
-            heads = self.model.config.num_heads
+    def _tunes_decode(self) -> bool:
+        """Whether the decode kernel is autotuned: the Triton backend on CUDA (elsewhere nothing is tuned)."""
+        return self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton"
+
+    def _tune_decode_buckets(self, buckets: list[int]) -> None:
+        """Autotune the decode kernel for each bucket the graphs will capture, once, before any capture: a
+        graph keeps the configuration its capture ran, and a warm-up step cannot tune it (its padding rows
+        have no context to time). Each bucket runs ``max_model_len`` contexts, the bound its graph uses."""
+        if not self._tunes_decode():
+            return
+        for bucket in buckets:
             tune_decode(
-                self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads
+                self.cache.k[0],
+                self.cache.v[0],
+                batch=bucket,
+                max_seq_len=self.max_model_len,
+                q_heads=self.model.config.num_heads,
             )
+
+    def _pad_bucket(self, bucket: int) -> None:
+        """Fill a bucket's static inputs with padding only (a valid batch that touches no live slot)."""
         self.batch.prepare([], {}, self.kv, bucket=bucket)
 
     def _decode_forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
