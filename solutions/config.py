@@ -191,8 +191,10 @@ class EngineConfig:
 
     @property
     def max_graph_rows(self) -> int:
-        """The most rows a step replayed from a decode graph holds, each a token that wants its logits: a
-        decode per sequence, or with draft chains the newest token and its chain (trees verify eagerly)."""
+        """The largest decode graph's bucket: the most tokens a step replayed from a graph holds, each a
+        sequence of its own that wants its logits (a decode per sequence, or with draft chains the newest
+        token and its chain; trees verify eagerly). Named for the graph's rows (of its inputs and logits);
+        the name stays, as tests, notebooks and benches read it."""
         return self.max_num_seqs if self.speculative_tree_nodes else self.max_logits_rows
 
     @property

@@ -125,6 +125,33 @@ def test_preemption_happens_in_the_graph_schedule(tiny_folder):
     assert preempted, "no request was preempted: shrink the cache"
 
 
+def test_each_bucket_is_tuned_before_its_capture_and_padding_only_pads(tiny_folder, monkeypatch):
+    """The decode kernel is tuned once per bucket the graphs capture, all before the first capture (a warm-up
+    step's padding has no context to time), through ``_tune_decode_buckets`` alone: warming a bucket up only
+    pads it. On a CPU nothing is tuned."""
+    from solutions.engine import runner as runner_module
+
+    llm = make_llm(tiny_folder)
+    runner, events = llm.engine.runner, []
+    monkeypatch.setattr(runner_module, "tune_decode", lambda *a, batch, **kw: events.append(("tune", batch)))
+    runner.capture_decode_graphs(llm.engine.config.max_num_seqs, RecordedCall)
+    assert events == [], "a CPU engine tuned the decode kernel"
+
+    forward = runner._decode_forward
+    monkeypatch.setattr(runner, "_tunes_decode", lambda: True)  # as on CUDA with the Triton backend
+    monkeypatch.setattr(runner, "_decode_forward", lambda b: events.append(("forward", b)) or forward(b))
+    runner.capture_decode_graphs(llm.engine.config.max_num_seqs, RecordedCall)
+    buckets = runner.graphs.buckets
+    tuned = [b for kind, b in events if kind == "tune"]
+    assert sorted(tuned) == buckets, f"tuned {tuned}, captured {buckets}: each bucket once"
+    first_forward = next(i for i, (kind, _) in enumerate(events) if kind == "forward")
+    assert events[:first_forward] == [("tune", b) for b in tuned], f"tuned after a capture began: {events}"
+    assert {b for kind, b in events if kind == "forward"} == set(buckets)
+    events.clear()
+    runner._pad_bucket(buckets[-1])
+    assert events == [], "padding a bucket tuned it"
+
+
 def as_on_a_gpu(llm) -> list[int]:
     """Set a CPU engine (``attention_backend="triton"``) up as a CUDA engine runs: the fused Triton ops, no
     CPU-only decode path, decode graphs captured (recorded). Returns the list each replay adds its bucket

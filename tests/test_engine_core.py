@@ -78,8 +78,8 @@ def test_chunked_prefill_equals_one_shot_prefill(load, sp, llm):
         out = engine.runner.execute(plan)
         for r in plan.scheduled:
             r.num_computed += plan.num_scheduled_tokens[r.request_id]
-        if request_id in out.rows:
-            logits = out.logits[out.rows[request_id].start]
+        if request_id in out.logits_spans:
+            logits = out.logits[out.logits_spans[request_id].start]
     engine.abort(request_id)
     assert float((logits - expected).norm() / expected.norm()) < 1e-5
 

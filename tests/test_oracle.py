@@ -65,7 +65,7 @@ def test_engine_prefill_logits_match_hugging_face(llm, hf_oracle, load):
     request_ids = engine.add_requests(PROMPTS[:3], [params] * 3)
     plan = engine.scheduler.schedule()  # one flat step: all three prompts fit the token budget
     out = engine.runner.execute(plan)
-    logits = out.logits[[out.rows[request_id].start for request_id in request_ids]].double()
+    logits = out.logits[[out.logits_spans[request_id].start for request_id in request_ids]].double()
     engine.abort(request_ids)
     for row, prompt in enumerate(PROMPTS[:3]):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids

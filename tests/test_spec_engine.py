@@ -92,7 +92,7 @@ def test_paged_kv_is_consistent_after_rejections(load, spec_llm, chats):
 
     def capture(plan, **kwargs):
         out = execute(plan, **kwargs)
-        captured["logits"] = out.logits[out.rows[request_id]][-1]
+        captured["logits"] = out.logits[out.logits_spans[request_id]][-1]
         return out
 
     engine.speculator, engine.runner.execute = None, capture

@@ -2,15 +2,16 @@
 
 A decode step launches hundreds of small kernels; launched one by one from Python, the GPU waits for the host
 between them. A CUDA graph records the launches of one forward pass once and replays them with one call. Its
-inputs and outputs are fixed addresses, so each graph serves one number of rows: graphs are captured at
-start-up for a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to the most rows a
-step may replay), largest first into one shared memory pool, and a step of ``n`` rows replays the smallest
-bucket ``>= n`` with ``bucket - n`` padding rows (which write no cache slot and read only the null
-block; their outputs are dropped).
+inputs and outputs are fixed addresses, so each graph serves one number of tokens, its bucket: graphs are
+captured at start-up for a few buckets (1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, up to the most
+tokens a step may replay, ``EngineConfig.max_graph_rows``), largest first into one shared memory pool, and a
+step of ``n`` tokens replays the smallest bucket ``>= n`` with ``bucket - n`` padding tokens (which write no
+cache slot and read only the null block; their outputs are dropped).
 
-A row is one query token that wants its logits: a decode, or one token of a draft chain being verified (a
-request verifying ``k`` drafts fills ``1 + k`` rows, each attending to the context up to its own position,
-which is causal attention over the chain). So speculative steps that verify chains replay the same graphs.
+Each of a bucket's tokens is one query that wants its logits, a sequence of its own: a decode, or one token
+of a draft chain being verified (a request verifying ``k`` drafts fills ``1 + k`` of them, each attending to
+the context up to its own position, which is causal attention over the chain). So speculative steps that
+verify chains replay the same graphs.
 
 The capture and replay logic does not depend on CUDA: ``RecordedCall`` stands in for ``torch.cuda.CUDAGraph``
 on a CPU (capture records the function over the static buffers, replay calls it again), so tests check that
@@ -28,14 +29,15 @@ import torch
 log = logging.getLogger("fastmode")
 
 
-def batch_buckets(max_rows: int) -> list[int]:
-    """The row counts that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ..., ending at ``max_rows``."""
-    buckets = [b for b in (1, 2, 4) if b < max_rows]
+def batch_buckets(max_bucket: int) -> list[int]:
+    """The bucket sizes that get a graph: 1, 2, 4, 8, 16, 24, ..., 64, 80, 96, ..., ending at
+    ``max_bucket``."""
+    buckets = [b for b in (1, 2, 4) if b < max_bucket]
     size = 8
-    while size < max_rows:
+    while size < max_bucket:
         buckets.append(size)
         size += 8 if size < 64 else 16
-    return [*buckets, max_rows]
+    return [*buckets, max_bucket]
 
 
 Outputs = tuple[torch.Tensor, ...]
@@ -43,30 +45,30 @@ Outputs = tuple[torch.Tensor, ...]
 
 class GraphOutputs:
     """The one pair of static outputs every decode graph writes into (nano-vllm's ``outputs[:bs]``): logits
-    ``[max_rows, vocab]`` float32 and hidden states ``[max_rows, hidden]``; a bucket of ``b`` rows writes the
-    first ``b`` of each. Its own temporaries then die with its capture, so the graphs' shared pool holds one
+    ``[max_bucket, vocab]`` float32 and hidden states ``[max_bucket, hidden]``; bucket ``b`` writes the first
+    ``b`` rows of each. Its own temporaries then die with its capture, so the graphs' shared pool holds one
     forward's activations, not every bucket's outputs. Invariant: ``nbytes == bytes_for(...)`` of its shape,
     which is what the KV sizing holds back for it (``kv_sizing``)."""
 
-    def __init__(self, max_rows: int, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device):
-        self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=device)
-        self.hidden = torch.empty(max_rows, hidden, dtype=dtype, device=device)
+    def __init__(self, max_bucket: int, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device):
+        self.logits = torch.empty(max_bucket, vocab, dtype=torch.float32, device=device)
+        self.hidden = torch.empty(max_bucket, hidden, dtype=dtype, device=device)
 
     @staticmethod
-    def bytes_for(max_rows: int, vocab: int, hidden: int, dtype: torch.dtype) -> int:
-        return max_rows * (vocab * 4 + hidden * dtype.itemsize)
+    def bytes_for(max_bucket: int, vocab: int, hidden: int, dtype: torch.dtype) -> int:
+        return max_bucket * (vocab * 4 + hidden * dtype.itemsize)
 
     @property
     def nbytes(self) -> int:
         return self.logits.nbytes + self.hidden.nbytes
 
     def write(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
-        """Copy one bucket's results into its rows and return those rows (views: valid until the next
+        """Copy one bucket's results into its first rows and return those rows (views: valid until the next
         replay)."""
-        rows = logits.shape[0]
-        self.logits[:rows].copy_(logits)
-        self.hidden[:rows].copy_(hidden)
-        return self.logits[:rows], self.hidden[:rows]
+        bucket = logits.shape[0]
+        self.logits[:bucket].copy_(logits)
+        self.hidden[:bucket].copy_(hidden)
+        return self.logits[:bucket], self.hidden[:bucket]
 
 
 class CudaGraph:
@@ -111,7 +113,7 @@ class RecordedCall:
 class DecodeGraphs:
     """One captured decode forward per bucket. ``forward(bucket)`` runs the model on the static inputs
     of that bucket and returns its outputs (the runner's: the first ``bucket`` rows of its ``GraphOutputs``);
-    ``warm_up(bucket)`` fills the inputs with a valid batch (padding rows only) first, since a graph records
+    ``warm_up(bucket)`` fills the inputs with a valid batch (padding only) first, since a graph records
     the kernels its first run chooses."""
 
     def __init__(
@@ -142,11 +144,11 @@ class DecodeGraphs:
                 (torch.cuda.memory_allocated() - used_before) / 2**20,
             )
 
-    def bucket_for(self, num_rows: int) -> int | None:
-        """The smallest bucket that holds ``num_rows`` rows, or None when they are more than every graph
+    def bucket_for(self, num_tokens: int) -> int | None:
+        """The smallest bucket that holds ``num_tokens`` tokens, or None when they are more than every graph
         holds."""
-        return next((b for b in self.buckets if b >= num_rows), None)
+        return next((b for b in self.buckets if b >= num_tokens), None)
 
     def replay(self, bucket: int) -> Outputs:
-        """The outputs of the rows now in the bucket's static inputs (valid until the next replay)."""
+        """The outputs of the tokens now in the bucket's static inputs (valid until the next replay)."""
         return self.graphs[bucket].replay()

@@ -164,7 +164,7 @@ class Engine:
         either read ends the step's device work."""
         requests, rows, accepted = [], [], []
         for request in plan.scheduled:
-            span = out.rows.get(request.request_id)
+            span = out.logits_spans.get(request.request_id)
             if request.request_id in verified:
                 accepted.append((request, verified[request.request_id]))
             elif span is not None:

@@ -15,6 +15,10 @@ then derives the step's flat arrays with a few numpy operations, never a Python 
 All of them are int32 and packed, in that order, at the front of one pinned host buffer, so one
 non-blocking copy sends the step's inputs to the device (on a CPU the "device" buffer is the host
 buffer itself: no copy at all).
+
+Words:  row          a persistent-batch row, one running request's (``row_of``, ``free_rows``, ``batch_rows``)
+        logits span  the slice of a step's logits one request draws from (``StepInputs.logits_spans``)
+        bucket       a decode graph's size: the tokens it holds, each wanting its logits, padding included
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class StagingBuffer:
 @dataclass(frozen=True)
 class StepLayout:
     """Where each of a step's arrays sits in the packed buffer, for ``T`` tokens, ``N`` logits rows, ``B``
-    sequences and block tables ``W`` wide. A decode graph of ``b`` rows always uses
+    sequences and block tables ``W`` wide. The decode graph of bucket ``b`` always uses
     ``StepLayout(b, b, b, max_blocks)`` (``InputBatch.decode_layout``)."""
 
     num_tokens: int
@@ -83,7 +87,7 @@ class StepLayout:
         return sum(self.sizes)
 
     def split(self, buffer: np.ndarray | torch.Tensor) -> list:
-        """The arrays (views of ``buffer``): ids, positions, slots, logits rows,
+        """The arrays (views of ``buffer``): ids, positions, slots, logits indices,
         query starts, seq lens, table."""
         views, start = [], 0
         for size in self.sizes:
@@ -98,9 +102,10 @@ class StepLayout:
 class StepInputs:
     """One step's inputs on the model's device (views of the packed buffer) and what the host keeps of them.
 
-    ``rows[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request whose
-    step reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when verifying
-    ``k`` drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads them).
+    ``logits_spans[request_id]`` is the slice of ``logits`` rows (the ``logits_indices`` order) of a request
+    whose step reaches its last known token: one row for a decode or a final prefill chunk, ``1 + k`` when
+    verifying ``k`` drafts. ``batch_rows`` and ``num_computed`` stay on the host (the speculative path reads
+    them).
     """
 
     layout: StepLayout
@@ -113,9 +118,40 @@ class StepInputs:
     block_table: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    rows: dict[str, slice]
+    logits_spans: dict[str, slice]
     batch_rows: np.ndarray  # [B] each scheduled request's row of the persistent batch
     num_computed: np.ndarray  # [B] tokens each request had computed before this step
+
+
+@dataclass
+class _Gathered:
+    """What ``InputBatch._gather`` read of the scheduled requests, in step order (``[B]`` int64 arrays)."""
+
+    rows: np.ndarray  # each request's row of the persistent batch
+    computed: np.ndarray  # tokens it had computed before this step
+    counts: np.ndarray  # tokens it runs in this step
+    totals: np.ndarray  # tokens it knows (its drafts included)
+    logits_spans: dict[str, slice]
+    num_logits: int
+    trees: list[tuple[int, np.ndarray]]  # (index in the step, positions) of each request verifying a tree
+    num_tokens: int  # counts.sum()
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return self.computed + self.counts
+
+    @property
+    def query_end(self) -> np.ndarray:
+        return np.cumsum(self.counts)
+
+    def per_token(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's row and cache position (its request's tokens consecutive, from ``computed`` on)."""
+        if self.num_tokens == len(self.rows):  # one token per request
+            return self.rows, self.computed
+        owner = np.repeat(np.arange(len(self.rows)), self.counts)  # token -> index of its request
+        query_end = self.query_end
+        cache_positions = self.computed[owner] + np.arange(self.num_tokens) - (query_end - self.counts)[owner]
+        return self.rows[owner], cache_positions
 
 
 class InputBatch:
@@ -220,7 +256,7 @@ class InputBatch:
         return views
 
     def cache_slots(self, row: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """The cache rows of ``positions`` of the request in ``row`` (or of each position's own row)."""
+        """The cache slots of ``positions`` of the request in ``row`` (or of each position's own row)."""
         return cache_slots(self.block_table, positions, self.block_size, rows=row)
 
     # -- one step ------------------------------------------------------------------------------------------
@@ -236,15 +272,42 @@ class InputBatch:
         """Write the step's inputs for the scheduled requests (decodes first) and send them to the device.
 
         ``tree_positions[request_id]``: RoPE positions of a request verifying a draft tree (depth-based; its
-        slots stay consecutive). ``bucket``: lay the step out as a decode graph of that many rows holds it
-        (``decode_layout``): every token must want its logits (decodes, chains being verified), and each
-        becomes a decode row of its own, a sequence that ends at that token; the rows past the step's
-        tokens are padding, one query at position 0 that reads the null block and writes no slot."""
+        slots stay consecutive). ``bucket``: lay the step out as the decode graph of that bucket
+        (``decode_layout``): every token must want its logits (decodes, chains being verified). A step of one
+        token per request, each wanting its logits, takes the same decode path without padding; any other
+        (prefill chunks, drafts verified eagerly, trees) the mixed one."""
         self.sync_tables(kv)
-        batch = len(scheduled)
+        step = self._gather(scheduled, num_scheduled, kv, tree_positions)
+        if step.num_tokens > self.max_num_tokens:
+            raise ValueError(f"a step of {step.num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
+        every_token_wants_logits = step.num_tokens == step.num_logits
+        if bucket is not None:
+            if not every_token_wants_logits:
+                raise ValueError("a decode graph's step holds tokens that want their logits only")
+            if step.num_tokens > bucket:
+                raise ValueError(
+                    f"a step of {step.num_tokens} tokens does not fit the graph of bucket {bucket}"
+                )
+            return self._prepare_decode(step, self.decode_layout(bucket))
+        if every_token_wants_logits and step.num_tokens == len(step.rows):  # one decode per request
+            t, width = step.num_tokens, cdiv(int(step.seq_lens.max(initial=1)), self.block_size)
+            return self._prepare_decode(step, StepLayout(t, t, t, width))
+        return self._prepare_mixed(step)
+
+    def _gather(
+        self,
+        scheduled: list[Request],
+        num_scheduled: dict[str, int],
+        kv: KVCacheManager,
+        tree_positions: dict[str, np.ndarray] | None,
+    ) -> _Gathered:
+        """The one per-request Python loop of a step: each request's row (given one the first time it is
+        scheduled), the tokens new since its last step written into it, and its logits span. Invariants of
+        the result: its arrays follow ``scheduled``'s order, and the spans, in that order too, tile
+        ``[0, num_logits)``."""
         rows, computed, counts, totals, spans = [], [], [], [], {}
         num_logits, trees = 0, []
-        for request in scheduled:  # the only per-request Python: look-ups, and the tokens new since last step
+        for request in scheduled:
             request_id = request.request_id
             row = self.row_of.get(request_id)
             if row is None:
@@ -262,69 +325,81 @@ class InputBatch:
             computed.append(first)
             counts.append(count)
             totals.append(total)
-        rows, computed, counts = (np.array(a, dtype=np.int64) for a in (rows, computed, counts))
-        num_tokens = int(counts.sum())
-        if num_tokens > self.max_num_tokens:
-            raise ValueError(f"a step of {num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
-        seq_lens = computed + counts
-        decode_rows = num_tokens == num_logits and (bucket is not None or num_tokens == batch)
-        if bucket is not None:
-            if not decode_rows:
-                raise ValueError("a decode graph's step holds tokens that want their logits only")
-            if num_tokens > bucket:
-                raise ValueError(f"a step of {num_tokens} tokens does not fit a graph of {bucket} rows")
-            layout = self.decode_layout(bucket)
-        else:
-            width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
-            layout = StepLayout(num_tokens, num_logits, num_tokens if decode_rows else batch, width)
+        rows, computed, counts, totals = (
+            np.array(a, dtype=np.int64) for a in (rows, computed, counts, totals)
+        )
+        return _Gathered(rows, computed, counts, totals, spans, num_logits, trees, int(counts.sum()))
+
+    def _prepare_decode(self, step: _Gathered, layout: StepLayout) -> StepInputs:
+        """The decode hot path: each token a sequence of its own that ends at it, its logits wanted (a decode,
+        or one token of a draft chain: causal attention over the chain). Invariants: every token wants its
+        logits (``num_tokens == num_logits``) and ``layout`` has one sequence and one logits index per token,
+        ``layout.num_tokens >= num_tokens``; the tokens past the step's are padding (a graph's bucket): one
+        query at position 0 that reads the null block and writes no slot. The host side is written only
+        after ``staging.wait()``, then sent once."""
         host_views, device_views = self._views(layout)
         self.staging.wait()  # the previous step's copy may still be reading the host side
-        ids, positions, slots, logits_rows, query_start, lens, table = host_views
-        query_end = np.cumsum(counts)
-        if num_tokens == batch:  # one token per request
-            token_rows, cache_positions = rows, computed
-        else:
-            owner = np.repeat(np.arange(batch), counts)  # token -> index of its request in the step
-            cache_positions = computed[owner] + np.arange(num_tokens) - (query_end - counts)[owner]
-            token_rows = rows[owner]
-        positions[:num_tokens] = cache_positions
-        if decode_rows:  # each token a sequence of its own that ends at it, its logits wanted
-            logits_rows[:num_tokens] = self._arange[:num_tokens]
-            query_start[1 : num_tokens + 1] = self._arange[1 : num_tokens + 1]
-            lens[:num_tokens] = cache_positions + 1
-            table[:num_tokens] = self.block_table[token_rows, : layout.width]
-        else:
-            for i, tree in trees:
-                positions[query_end[i] - counts[i] : query_end[i]] = tree
-            # A request's logits rows are its last (end - num_tokens + 1) tokens.
-            num_wanted = np.maximum(seq_lens - np.array(totals) + 1, 0)
-            first_row = np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
-            logits_rows[:num_logits] = np.arange(num_logits) + first_row
-            query_start[1 : batch + 1] = query_end
-            lens[:batch] = seq_lens
-            table[:batch] = self.block_table[rows, : layout.width]
+        ids, positions, slots, logits_indices, query_start, lens, table = host_views
+        n, (token_rows, cache_positions) = step.num_tokens, step.per_token()
+        positions[:n] = cache_positions
+        logits_indices[:n] = self._arange[:n]
         query_start[0] = 0
-        ids[:num_tokens] = self.token_ids[token_rows, cache_positions]
-        slots[:num_tokens] = self.cache_slots(token_rows, cache_positions)
-        if layout.num_tokens > num_tokens:  # padding rows of a decode graph's bucket
-            pad = slice(num_tokens, layout.num_tokens)
+        query_start[1 : n + 1] = self._arange[1 : n + 1]
+        lens[:n] = cache_positions + 1
+        table[:n] = self.block_table[token_rows, : layout.width]
+        ids[:n] = self.token_ids[token_rows, cache_positions]
+        slots[:n] = self.cache_slots(token_rows, cache_positions)
+        if layout.num_tokens > n:  # padding of a decode graph's bucket
+            pad = slice(n, layout.num_tokens)
             ids[pad], positions[pad], slots[pad] = 0, 0, -1
-            logits_rows[pad] = self._arange[pad]
-            query_start[num_tokens + 1 :] = self._arange[num_tokens + 1 : layout.num_tokens + 1]
+            logits_indices[pad] = self._arange[pad]
+            query_start[n + 1 :] = self._arange[n + 1 : layout.num_tokens + 1]
             lens[pad] = 1
             table[pad] = 0
+        max_seq_len = int(lens[: layout.num_seqs].max(initial=1))
+        return self._send(step, layout, device_views, 1, max_seq_len)
+
+    def _prepare_mixed(self, step: _Gathered) -> StepInputs:
+        """Any other step (prefill chunks, drafts verified eagerly, draft trees): one sequence per request,
+        its tokens consecutive; its logits are its last ``end - num_tokens + 1`` tokens' (none for an
+        unfinished prefill chunk); a tree's tokens take its depth-based positions (their slots stay
+        consecutive). Invariants: the layout is exactly the step's (``T`` tokens, ``N`` logits, ``B``
+        sequences, tables as wide as its longest sequence needs), no padding; the host side is written only
+        after ``staging.wait()``, then sent once."""
+        n, batch, seq_lens = step.num_tokens, len(step.rows), step.seq_lens
+        width = cdiv(int(seq_lens.max(initial=1)), self.block_size)
+        layout = StepLayout(n, step.num_logits, batch, width)
+        host_views, device_views = self._views(layout)
+        self.staging.wait()  # the previous step's copy may still be reading the host side
+        ids, positions, slots, logits_indices, query_start, lens, table = host_views
+        token_rows, cache_positions = step.per_token()
+        query_end, counts = step.query_end, step.counts
+        positions[:n] = cache_positions
+        for i, tree in step.trees:
+            positions[query_end[i] - counts[i] : query_end[i]] = tree
+        num_wanted = np.maximum(seq_lens - step.totals + 1, 0)
+        first_row = np.repeat(query_end - np.cumsum(num_wanted), num_wanted)
+        logits_indices[: step.num_logits] = np.arange(step.num_logits) + first_row
+        query_start[0] = 0
+        query_start[1 : batch + 1] = query_end
+        lens[:batch] = seq_lens
+        table[:batch] = self.block_table[step.rows, :width]
+        ids[:n] = self.token_ids[token_rows, cache_positions]
+        slots[:n] = self.cache_slots(token_rows, cache_positions)
+        return self._send(
+            step, layout, device_views, int(counts.max(initial=1)), int(seq_lens.max(initial=1))
+        )
+
+    def _send(
+        self, step: _Gathered, layout: StepLayout, device_views: list, max_query_len: int, max_seq_len: int
+    ) -> StepInputs:
+        """The step's one copy to the device, and its ``StepInputs``."""
         self.staging.send(layout.total)
         return StepInputs(
-            layout,
-            *device_views,
-            1 if decode_rows else int(counts.max(initial=1)),
-            int(lens[: layout.num_seqs].max(initial=1)),
-            spans,
-            rows,
-            computed,
+            layout, *device_views, max_query_len, max_seq_len, step.logits_spans, step.rows, step.computed
         )
 
     def decode_layout(self, bucket: int) -> StepLayout:
-        """The layout of a decode graph of ``bucket`` rows: the same at every replay, so its inputs sit at the
-        same addresses."""
+        """The layout of the decode graph of ``bucket`` tokens: the same at every replay, so its inputs sit at
+        the same addresses."""
         return StepLayout(bucket, bucket, bucket, self.max_blocks)

@@ -31,10 +31,11 @@ log = logging.getLogger("fastmode")
 CPU_KV_CACHE_BYTES = 1 << 30  # a laptop holds 1 GiB of KV cache: 23k tokens of SmolLM2-135M in float32
 
 
-def graph_bytes(c: ModelConfig, dtype: torch.dtype, max_rows: int, max_model_len: int, device) -> int:
-    """What the decode graphs hold beyond one stubbed forward of ``max_rows`` rows: their shared outputs,
-    and the split-K scratch (partial outputs and log-sum-exps, float32) of the bucket that needs most."""
-    buckets = batch_buckets(max_rows)
+def graph_bytes(c: ModelConfig, dtype: torch.dtype, max_bucket: int, max_model_len: int, device) -> int:
+    """What the decode graphs hold beyond one stubbed forward of their largest bucket, ``max_bucket`` tokens:
+    their shared outputs, and the split-K scratch (partial outputs and log-sum-exps, float32) of the bucket
+    that needs most."""
+    buckets = batch_buckets(max_bucket)
     outputs = GraphOutputs.bytes_for(buckets[-1], c.vocab_size, c.hidden_size, dtype)
     return outputs + max(
         split_scratch_bytes(c, b, decode_num_splits(b, c.num_kv_heads, max_model_len, device))
@@ -67,12 +68,13 @@ def allocate_kv_cache(model: LlamaModel, cfg: EngineConfig, max_model_len: int) 
     if budget is None and cfg.device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
         activations = activation_bytes(model, max_model_len, cfg.max_num_batched_tokens, cfg.max_logits_rows)
-        rows = cfg.max_graph_rows
         graphs = 0
         if not cfg.enforce_eager:
-            rows = min(rows, cfg.max_num_batched_tokens)  # the runner's largest bucket
-            graphs = activation_bytes(model, max_model_len, rows, rows)
-            graphs += graph_bytes(c, model.norm.weight.dtype, rows, max_model_len, model.norm.weight.device)
+            largest = min(cfg.max_graph_rows, cfg.max_num_batched_tokens)  # the runner's largest bucket
+            graphs = activation_bytes(model, max_model_len, largest, largest)
+            graphs += graph_bytes(
+                c, model.norm.weight.dtype, largest, max_model_len, model.norm.weight.device
+            )
         budget = int(free - (1 - cfg.gpu_memory_utilization) * total) - activations - graphs
         log.info(
             "GPU memory held back from the KV cache: %.0f MiB for a step's activations, %.0f MiB for graphs",

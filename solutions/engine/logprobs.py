@@ -101,7 +101,8 @@ def record_sampled(out, verified: dict[str, list[int]], new_tokens, tokenizer=No
     for request, tokens in new_tokens:
         if request.params.logprobs is None:
             continue
-        span = out.rows.get(request.request_id) or out.rows[request.group.requests[0].request_id]
+        spans = out.logits_spans  # a forked completion's first token: its group's first completion's span
+        span = spans.get(request.request_id) or spans[request.group.requests[0].request_id]
         kept = len(request.output_token_ids) - len(request.logprobs)
         if request.request_id in verified:
             picked = [span.start + i for i in range(len(tokens))]

@@ -10,9 +10,9 @@ batch (``input_batch.py``) builds::
 and sends them to the device with one non-blocking copy. A request gets logits only when its step reaches its
 last known token: one row for a decode or a final prefill chunk, ``1 + k`` rows when it verifies ``k`` draft
 tokens, none for an unfinished prefill chunk. When graphs were captured (``capture_decode_graphs``), a step
-whose every token wants its logits (decodes, and requests verifying draft chains) replays one, each token a
-decode row; every other step (prefill chunks, draft trees) runs eagerly. ``read_tokens`` is the step's one
-device-to-host copy: the sampled token ids.
+whose every token wants its logits (decodes, and requests verifying draft chains) replays the smallest bucket
+that holds it, each token a sequence of its own; every other step (prefill chunks, draft trees) runs eagerly.
+``read_tokens`` is the step's one device-to-host copy: the sampled token ids.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from .scheduler import SchedulerOutput
 
 @dataclass
 class ModelOutput:
-    """``logits`` ``[N, vocab]`` float32; request ``r``'s rows are ``logits[rows[r.request_id]]`` (absent when
-    its prefill is unfinished). ``hidden`` ``[T, hidden]`` (before the final norm) when asked for. A replayed
-    graph's logits are its static output: read them before the next step."""
+    """``logits`` ``[N, vocab]`` float32; request ``r``'s rows are ``logits[logits_spans[r.request_id]]`` (its
+    span is absent when its prefill is unfinished). ``hidden`` ``[T, hidden]`` (before the final norm) when
+    asked for. A replayed graph's logits are its static output: read them before the next step."""
 
     logits: torch.Tensor
-    rows: dict[str, slice]
+    logits_spans: dict[str, slice]
     hidden: torch.Tensor | None = None
 
 
@@ -90,25 +90,26 @@ class ModelRunner:
         bucket = None
         graphable = self.graphs is not None and not trees
         if graphable and all(r.num_computed == r.num_tokens - 1 for r in scheduled):
-            num_rows = sum(counts[r.request_id] for r in scheduled)
-            bucket = self.graphs.bucket_for(num_rows)
+            num_tokens = sum(counts[r.request_id] for r in scheduled)
+            bucket = self.graphs.bucket_for(num_tokens)
         if bucket is not None:
             inputs = self.batch.prepare(scheduled, counts, self.kv, bucket=bucket)
             logits, hidden = self.graphs.replay(bucket)
-            return ModelOutput(logits[:num_rows], inputs.rows, hidden[:num_rows] if return_hidden else None)
-        tree_rows, positions = {}, {}
+            hidden = hidden[:num_tokens] if return_hidden else None
+            return ModelOutput(logits[:num_tokens], inputs.logits_spans, hidden)
+        tree_parents, positions = {}, {}
         for request in scheduled if trees else []:
             if request.request_id in trees:  # a token budget may cut a tree short: a prefix is still a tree
-                parents = tree_rows[request.request_id] = trees[request.request_id][
+                parents = tree_parents[request.request_id] = trees[request.request_id][
                     : counts[request.request_id]
                 ]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
         inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
         if self.step_broadcast is not None:  # the other ranks run this same forward on their shards
             self.step_broadcast(plan.block_copies, inputs, self.batch.staging.device)
-        tree_specs = self._tree_specs(plan, inputs, tree_rows) if tree_rows else None
+        tree_specs = self._tree_specs(plan, inputs, tree_parents) if tree_parents else None
         logits, hidden = self.forward(inputs, tree_specs)
-        return ModelOutput(logits, inputs.rows, hidden if return_hidden else None)
+        return ModelOutput(logits, inputs.logits_spans, hidden if return_hidden else None)
 
     def forward(
         self, inputs: StepInputs, tree_specs: list | None = None
@@ -129,22 +130,24 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, attend)
         return self.model.logits(hidden.index_select(0, inputs.logits_indices)), hidden
 
-    def _tree_specs(self, plan: SchedulerOutput, inputs: StepInputs, tree_rows: dict[str, list[int]]) -> list:
-        """``(rows of the tree in the flat batch, cache slots of its context, tree mask)``
+    def _tree_specs(
+        self, plan: SchedulerOutput, inputs: StepInputs, tree_parents: dict[str, list[int]]
+    ) -> list:
+        """``(the tree's tokens in the flat batch, cache slots of its context, tree mask)``
         per tree request."""
         specs = []
         starts = np.concatenate(
             [[0], np.cumsum([plan.num_scheduled_tokens[r.request_id] for r in plan.scheduled])]
         )
         for i, request in enumerate(plan.scheduled):
-            parents = tree_rows.get(request.request_id)
+            parents = tree_parents.get(request.request_id)
             if parents is None:
                 continue
             first = int(inputs.num_computed[i])
             context = self.batch.cache_slots(int(inputs.batch_rows[i]), np.arange(first))
-            rows = slice(int(starts[i]), int(starts[i]) + len(parents))
+            tokens = slice(int(starts[i]), int(starts[i]) + len(parents))
             context_slots = torch.from_numpy(context.astype(np.int64)).to(self.device)
-            specs.append((rows, context_slots, tree_attention_mask(parents)))
+            specs.append((tokens, context_slots, tree_attention_mask(parents)))
         return specs
 
     def read_tokens(self, token_ids: torch.Tensor) -> list[int]:
@@ -161,28 +164,43 @@ class ModelRunner:
     # -- decode graphs -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def capture_decode_graphs(self, max_rows: int, graph_type: type = CudaGraph) -> None:
-        """Capture one decode graph per bucket up to ``max_rows`` rows (``EngineConfig.max_graph_rows``;
-        ``graph_type``: ``CudaGraph`` on CUDA, ``RecordedCall`` to test the same logic on a CPU). Decode and
-        chain-verifying steps then replay them."""
+    def capture_decode_graphs(self, max_bucket: int, graph_type: type = CudaGraph) -> None:
+        """Capture one decode graph per bucket up to ``max_bucket`` tokens (``EngineConfig.max_graph_rows``;
+        ``graph_type``: ``CudaGraph`` on CUDA, ``RecordedCall`` to test the same logic on a CPU), each
+        bucket's decode kernel tuned first (``_tune_decode_buckets``). Decode and chain-verifying steps then
+        replay them."""
         if graph_type is CudaGraph and self.device.type != "cuda":
             raise ValueError(
                 "CUDA graphs need a CUDA device; on a CPU pass graph_type=RecordedCall to test them"
             )
-        buckets = batch_buckets(min(max_rows, self.batch.max_num_tokens))
+        buckets = batch_buckets(min(max_bucket, self.batch.max_num_tokens))
+        self._tune_decode_buckets(buckets)
         c = self.model.config
         dtype = self.model.norm.weight.dtype
         self.graph_outputs = GraphOutputs(buckets[-1], c.vocab_size, c.hidden_size, dtype, self.device)
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
 
-    def _pad_bucket(self, bucket: int) -> None:
-        """Fill a bucket's static inputs with padding rows only (a valid batch that touches no live slot), and
-        tune the decode kernel for the bucket first: padding rows have no context to time it on."""
-        if self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton":
-            heads = self.model.config.num_heads
+    def _tunes_decode(self) -> bool:
+        """Whether the decode kernel is autotuned: the Triton backend on CUDA (elsewhere nothing is tuned)."""
+        return self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton"
+
+    def _tune_decode_buckets(self, buckets: list[int]) -> None:
+        """Autotune the decode kernel for each bucket the graphs will capture, once, before any capture: a
+        graph keeps the configuration its capture ran, and a warm-up step cannot tune it (its padding rows
+        have no context to time). Each bucket runs ``max_model_len`` contexts, the bound its graph uses."""
+        if not self._tunes_decode():
+            return
+        for bucket in buckets:
             tune_decode(
-                self.cache.k[0], self.cache.v[0], batch=bucket, max_seq_len=self.max_model_len, q_heads=heads
+                self.cache.k[0],
+                self.cache.v[0],
+                batch=bucket,
+                max_seq_len=self.max_model_len,
+                q_heads=self.model.config.num_heads,
             )
+
+    def _pad_bucket(self, bucket: int) -> None:
+        """Fill a bucket's static inputs with padding only (a valid batch that touches no live slot)."""
         self.batch.prepare([], {}, self.kv, bucket=bucket)
 
     def _decode_forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:

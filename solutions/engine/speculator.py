@@ -143,7 +143,8 @@ class Speculator:
             return self._verify_greedy_chains(chains, out)
         requests = [request for request, _, _, _ in chains]
         drafts = [draft_ids for _, draft_ids, _, _ in chains]
-        inputs = self.sampling.chain_rows(requests, drafts, [out.rows[r.request_id].start for r in requests])
+        starts = [out.logits_spans[r.request_id].start for r in requests]
+        inputs = self.sampling.chain_rows(requests, drafts, starts)
         batch, k = inputs.drafts.shape
         logits = out.logits.index_select(0, inputs.logits_index)
         probs = filtered_probs(logits, inputs.settings).view(batch, k + 1, -1)
@@ -177,7 +178,7 @@ class Speculator:
         choices = out.logits.argmax(dim=-1).tolist()
         tokens = {}
         for request, draft_ids, hidden_rows, before in chains:
-            span = out.rows[request.request_id]
+            span = out.logits_spans[request.request_id]
             targets = choices[span.start : span.start + len(draft_ids) + 1]
             accepted = 0
             while accepted < len(draft_ids) and draft_ids[accepted] == targets[accepted]:
@@ -196,7 +197,7 @@ class Speculator:
         tree = DraftTree(
             full.token_ids[: num_drafts + 1], full.parents[: num_drafts + 1], full.log_probs[: num_drafts + 1]
         )
-        logits = out.logits[out.rows[request.request_id]]
+        logits = out.logits[out.logits_spans[request.request_id]]
         if request.params.greedy:  # one-hot p: follow the child that holds the target's argmax
             path, token = walk_greedy(tree, logits.argmax(dim=-1).tolist())
         else:

@@ -38,7 +38,7 @@ class StepHeader:
 
     def step_inputs(self, buffer: torch.Tensor) -> StepInputs:
         """The step's inputs as views of ``buffer`` (this rank's copy of rank 0's packed buffer). What only
-        rank 0 uses (which logits row is whose, the persistent batch's rows) is left empty."""
+        rank 0 uses (the logits spans, the persistent batch's rows) is left empty."""
         views = self.layout.split(buffer[: self.layout.total])
         empty = np.empty(0, dtype=np.int64)
         return StepInputs(self.layout, *views, self.max_query_len, self.max_seq_len, {}, empty, empty)
