@@ -4,7 +4,6 @@ median kept; llama.cpp as an optional peer; the time to first token of one long 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -40,32 +39,25 @@ def modules_run(llm: LLM, prompt: str, params: Callable[[int], SamplingParams]) 
 
 
 def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately:
-    each repeat runs every engine once, so drifts in machine speed hit them all alike."""
+    """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately: each
+    repeat runs every engine once, so drifts in machine speed hit them all alike. A repeat's figure is
+    (t(new_tokens) - t(1)) / (new_tokens - 1), t(1) the fastest of three runs: a pause of the machine in the
+    one short run it is subtracted from would otherwise count against the decode steps (on a busy host, enough
+    to make a small model's figure negative)."""
     for run in runs.values():
         run(8)  # warm up
     figures: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            figures[name] += seconds_per_decode_token(run, new_tokens, 1)
+            one = min(_seconds(run, 1) for _ in range(3))
+            figures[name].append((_seconds(run, new_tokens) - one) / (new_tokens - 1))
     return {name: 1 / statistics.median(f) for name, f in figures.items()}
 
 
-def seconds_per_decode_token(run: Callable[[int], object], new_tokens: int, repeats: int) -> list[float]:
-    """One figure per repeat: (t(new_tokens) - t(1)) / (new_tokens - 1), t(1) the fastest of three runs: a
-    pause of the machine in the one short run it is subtracted from would otherwise count against the decode
-    steps (on a busy host, enough to make a small model's figure negative)."""
-    figures = []
-    for _ in range(repeats):
-        one = math.inf
-        for _ in range(3):
-            start = time.perf_counter()
-            run(1)
-            one = min(one, time.perf_counter() - start)
-        start = time.perf_counter()
-        run(new_tokens)
-        figures.append((time.perf_counter() - start - one) / (new_tokens - 1))
-    return figures
+def _seconds(run: Callable[[int], object], n: int) -> float:
+    start = time.perf_counter()
+    run(n)
+    return time.perf_counter() - start
 
 
 def llama_cpp_generator(threads: int) -> Callable[[list[int], int], list[int]] | None:

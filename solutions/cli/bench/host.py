@@ -77,20 +77,10 @@ def measure_host_steps(
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.split("\n")[0])
     add = parser.add_argument
-    add(
-        "--batches",
-        type=int,
-        nargs="+",
-        default=[1, 8, 64, 256],
-        help="requests per step (default: 1 8 64 256)",
-    )
-    add(
-        "--marks",
-        type=int,
-        nargs="+",
-        default=[100, 900],
-        help="tokens out at which steps are timed (default: 100 900)",
-    )
+    add("--batches", type=int, nargs="+", default=[1, 8, 64, 256],
+        help="requests per step (default: 1 8 64 256)")  # fmt: skip
+    add("--marks", type=int, nargs="+", default=[100, 900],
+        help="tokens out at which steps are timed (default: 100 900)")  # fmt: skip
     add("--steps", type=int, default=50, help="steps timed at each mark (default: 50)")
     args = parser.parse_args(argv)
     marks = sorted(args.marks)

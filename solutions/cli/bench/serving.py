@@ -36,6 +36,7 @@ from ...bench.serving import (
     DEFAULT_SLOS_MS,
     OfflineRunner,
     RequestResult,
+    auth_headers,
     load_prompts,
     own_cpu_seconds,
     run_load,
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.num_requests)
 
     def load(url: str, prompts: list[str]) -> tuple[list[RequestResult], float]:
-        model = httpx.get(f"{url}/v1/models", headers=_auth(args.api_key)).json()["data"][0]["id"]
+        model = httpx.get(f"{url}/v1/models", headers=auth_headers(args.api_key)).json()["data"][0]["id"]
         load_args = (args.max_tokens, args.request_rate, args.max_concurrency, args.api_key, args.seed)
         return asyncio.run(run_load(url, model, prompts, *load_args))
 
@@ -170,10 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["failed"] == 0 else 1
 
 
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def _met(met: bool) -> str:
     return "met" if met else "NOT met"
 
@@ -188,9 +185,8 @@ def _print(s: dict[str, Any], out: Path) -> None:
     slos = ", ".join(f"{k} <= {v:g} ms" for k, v in s["slos_ms"].items())
     print(f"goodput ({slos}): {s['goodput']:.2f} req/s")
     for name in ("ttft", "tpot", "itl", "e2el"):
-        st = s[name]
-        print(f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  ", end="")
-        print(f"p99 {st['p99_ms']:.1f}")
+        figures = "  ".join(f"{stat} {s[name][stat + '_ms']:.1f}" for stat in ("mean", "median", "p99"))
+        print(f"{name.upper():>5} ms: {figures}")
     if "offline" in s:
         off = s["offline"]
         ratio = s["server_over_offline"]

@@ -70,11 +70,9 @@ def measure(
 
 def print_measured(rows: list[Measured], machine: str, args: argparse.Namespace) -> None:
     print(
-        f"\nMeasured on {machine}: {args.batch} prompts of {args.prompt_tokens} tokens, "
-        f"{args.max_tokens} greedy"
-    )
-    print(
-        f"tokens each, float32, every rank a process (gloo over 127.0.0.1); medians of {args.repeats} runs.\n"
+        f"\nMeasured on {machine}: {args.batch} prompts of {args.prompt_tokens} tokens, {args.max_tokens} "
+        "greedy\ntokens each, float32, every rank a process (gloo over 127.0.0.1); medians of "
+        f"{args.repeats} runs.\n"
     )
     header = (
         f"{'model':<26}{'ranks':>6}{'tokens/s':>10}{'vs 1 rank':>11}{'ms/step':>9}{'collectives':>13}"
