@@ -37,6 +37,7 @@ from ...bench.decode import decode_speeds
 from ...bench.decode_steps import decode_step_times, profile_decode_steps, random_prompts, start_decodes
 from ...bench.gpu_report import Report, Section, SectionSkipped, run_header
 from ...bench.hf_peer import hf_generate, load_hf_model
+from ...bench.kv import kv_bytes_per_token
 from ...bench.model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
 from ...bench.roofline import decode_bytes_per_token
 from ...bench.step_split import step_breakdown
@@ -55,17 +56,10 @@ if TYPE_CHECKING:
 
 SECTIONS = ("bandwidth", "decode", "profile", "sweep", "throughput", "spec")
 DEFAULT_SHAPES = ("smollm2-1.7b", "smollm2-135m")
-BUDGET_S = {
-    "bandwidth": 30,
-    "model": 60,
-    "decode": 75,
-    "profile": 45,
-    "sweep": 60,
-    "throughput": 180,
-    "spec": 60,
-}
+BUDGET_S = dict(bandwidth=30, model=60, decode=75, profile=45, sweep=60, throughput=180, spec=60)  # seconds
 SPEC_RESERVE_S = 45  # kept for the speculative rows (run last) when the shapes' sections near the time limit
-LOAD_S_PER_GB = 6  # added to the budgets of the sections that write or load a shape's weights
+LOAD_S_PER_GB = 6  # added to the budgets of the sections that write or load a shape's weights, per load
+WEIGHT_LOADS = {"decode": 3, "throughput": 2}  # the model section writes them once
 CPU_KV_CACHE_BYTES = 256 << 20
 ENGINES = ("eager", "graphs")
 INT4_KV_CACHE_BYTES = 2 << 30
@@ -127,8 +121,8 @@ class ShapeModels:
         self.built: dict = {}
 
     def write(self, section: Section) -> None:
-        start = time.perf_counter()
-        if self.name == "bundled":
+        start, bundled = time.perf_counter(), self.name == "bundled"
+        if bundled:
             _, self.shape = write_bundled_checkpoint(self.folder)
         else:
             self.shape = SHAPES[self.name]
@@ -141,11 +135,7 @@ class ShapeModels:
         )
         self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
         self.kv_cache_bytes = self._kv_cache_bytes()
-        weights = (
-            "its Q4_1 weights dequantized to bfloat16"
-            if self.name == "bundled"
-            else "random bfloat16 weights"
-        )
+        weights = "its Q4_1 weights dequantized to bfloat16" if bundled else "random bfloat16 weights"
         section.out.update(
             shape=self.name, source=self.shape.source, config=self.shape.hf_config(), weights=weights,
             weight_bytes=self.shape.weight_bytes(), write_s=time.perf_counter() - start, dtype=self.dtype,
@@ -159,8 +149,8 @@ class ShapeModels:
             return CPU_KV_CACHE_BYTES
         shape = self.shape
         total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
-        hf_cache = self.sizes.hf_batch * self.max_model_len * 2 * shape.num_layers * shape.num_kv_heads
-        hf_cache *= shape.head_dim * 2  # K and V, bfloat16
+        token_bytes = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype_bytes=2)
+        hf_cache = self.sizes.hf_batch * self.max_model_len * token_bytes
         each = (0.8 * total - 3 * shape.weight_bytes() - hf_cache) / 2
         return int(min(max(each, 2 << 30), 40 << 30))
 
@@ -265,24 +255,17 @@ def _steady_steps(models: ShapeModels, kind: str, batch: int, profile: bool) -> 
     return row
 
 
-def measure_profile(models: ShapeModels, section: Section) -> None:
-    s = models.sizes
-    section.out.update(
-        prompt_tokens=s.step_prompt, timed_steps=s.timed_steps, profiled_steps=s.profiled_steps,
-        on_cuda=models.device.startswith("cuda"), rows=[],
-    )  # fmt: skip
-    for kind in ENGINES:
-        for batch in models.batches(s.profile_batches):
-            section.out["rows"].append(_steady_steps(models, kind, batch, profile=True))
-
-
-def measure_sweep(models: ShapeModels, section: Section) -> None:
+def measure_steps(models: ShapeModels, section: Section, profile: bool) -> None:
+    """The step profile (``profile``: at ``profile_batches``) or the batch sweep (batch 1, 2, 4, ... up to
+    ``sweep_max_batch``): a row per engine and batch, each at most ``max_num_seqs``."""
     s = models.sizes
     section.out.update(prompt_tokens=s.step_prompt, timed_steps=s.timed_steps, rows=[])
-    batches = models.batches([2**i for i in range(s.sweep_max_batch.bit_length())])
+    if profile:
+        section.out.update(profiled_steps=s.profiled_steps, on_cuda=models.device.startswith("cuda"))
+    batches = s.profile_batches if profile else [2**i for i in range(s.sweep_max_batch.bit_length())]
     for kind in ENGINES:
-        for batch in batches:
-            section.out["rows"].append(_steady_steps(models, kind, batch, profile=False))
+        for batch in models.batches(batches):
+            section.out["rows"].append(_steady_steps(models, kind, batch, profile))
 
 
 def measure_throughput(models: ShapeModels, section: Section) -> None:
@@ -363,18 +346,13 @@ def bench_shape(
                 return
             bandwidth = report.data.get("bandwidth", {}).get("copy_GBps")
             measures = {
-                "decode": (
-                    BUDGET_S["decode"] + 3 * load_s,
-                    lambda sec: measure_decode(models, bandwidth, sec),
-                ),
-                "profile": (BUDGET_S["profile"], lambda sec: measure_profile(models, sec)),
-                "sweep": (BUDGET_S["sweep"], lambda sec: measure_sweep(models, sec)),
-                "throughput": (
-                    BUDGET_S["throughput"] + 2 * load_s,
-                    lambda sec: measure_throughput(models, sec),
-                ),
+                "decode": lambda sec: measure_decode(models, bandwidth, sec),
+                "profile": lambda sec: measure_steps(models, sec, profile=True),
+                "sweep": lambda sec: measure_steps(models, sec, profile=False),
+                "throughput": lambda sec: measure_throughput(models, sec),
             }
-            for key, (budget, measure) in measures.items():
+            for key, measure in measures.items():
+                budget = BUDGET_S[key] + WEIGHT_LOADS.get(key, 0) * load_s
                 if key in sections and not report.section(shape_out, key, budget, measure, reserve):
                     models.release()  # a section cut short can leave requests in flight: start afresh
         finally:
