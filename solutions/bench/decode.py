@@ -1,6 +1,8 @@
 """What ``python -m solutions bench decode`` measures with (``cli/bench/decode.py``), shared with the other
 decode benchmarks: decode tokens/s as (time for N tokens - time for 1) / (N - 1), engines alternating and the
-median kept; llama.cpp as an optional peer; the time to first token of one long prompt."""
+median kept; the peers the engine is compared with, Hugging Face ``transformers`` (the same weights, loaded
+quietly; ``generate`` run for exactly the greedy tokens asked for, EOS ignored; imported only by a run that
+uses it: it takes seconds) and llama.cpp (optional); the time to first token of one long prompt."""
 
 from __future__ import annotations
 
@@ -8,10 +10,17 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
 
 from ..llm import LLM
 from ..model.loader import bundled_model_path
 from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PROMPT = "The history of the printing press begins"
 
@@ -111,3 +120,52 @@ def prefill_seconds(llm: LLM, prompt_ids: list[int], repeats: int) -> float:
         llm.generate(prompt_ids, params)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def load_hf_model(
+    folder: Path | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> PreTrainedModel:
+    """A checkpoint ``folder`` (default: the bundled GGUF) as a ``transformers`` causal LM in eval mode,
+    without its loading messages or progress bars."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    if folder is None:
+        path = bundled_model_path()
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval()
+
+
+def left_padded(
+    prompts: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded static batch as ``generate`` takes it: ``ids`` ``[B, longest]`` with each prompt right-aligned
+    after ``pad_id``s, and the ``mask`` that is 1 on the prompts' own tokens."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def hf_generate(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    new_tokens: int,
+    mask: torch.Tensor | None = None,
+    pad_token_id: int = 0,
+) -> torch.Tensor:
+    """Exactly ``new_tokens`` greedy tokens after each row of ``ids`` ``[B, L]`` (left-padded where ``mask``
+    is 0); returns the rows with them appended."""
+    with torch.inference_mode():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids) if mask is None else mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+        )

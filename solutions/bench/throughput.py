@@ -18,7 +18,7 @@ import torch
 from ..llm import LLM
 from ..model.tokenizer import TextTokenizer
 from ..sampling_params import SamplingParams
-from .hf_peer import hf_generate, left_padded
+from .decode import hf_generate, left_padded
 from .step_split import linear_flops, linear_seconds
 
 if TYPE_CHECKING:

@@ -33,11 +33,12 @@ from ...bench.decode import (
     LLAMA_CPP_MISSING,
     PROMPT,
     decode_speeds,
+    hf_generate,
     llama_cpp_runner,
+    load_hf_model,
     modules_run,
     prefill_seconds,
 )
-from ...bench.hf_peer import hf_generate, load_hf_model
 from ...bench.machine import machine_name
 from ...bench.roofline import decode_bytes_per_token, measure_read_bandwidth
 from ...bench.step_split import attention_flops, gemm_flops, linear_flops, linear_seconds
@@ -131,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine_name('cpu')}, torch {torch.__version__}")
     print_linear_paths(model)
     print_layer_ops(model)
-    print(f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s")
     print(
-        f"weight bytes read per decode token ({args.dtype}): "
-        f"{weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
+        f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s\n"
+        f"weight bytes read per decode token ({args.dtype}): {weight_bytes / 1e6:.1f} MB -> roofline "
+        f"{roofline:.1f} tokens/s\n"
+        f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:\n"
+        f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}"
     )
-    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:")
-    print(f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
     hf_speed = speeds.get("HF transformers generate")
     for name, speed in speeds.items():
         vs_hf = f"{speed / hf_speed:.2f}x" if hf_speed else "-"

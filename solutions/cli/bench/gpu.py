@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...bench.decode import decode_speeds
+from ...bench.decode import decode_speeds, hf_generate, load_hf_model
 from ...bench.decode_steps import decode_step_times, profile_decode_steps, random_prompts, start_decodes
 from ...bench.gpu_report import Report, Section, SectionSkipped, run_header
-from ...bench.hf_peer import hf_generate, load_hf_model
 from ...bench.kv import kv_bytes_per_token
 from ...bench.model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
 from ...bench.roofline import decode_bytes_per_token

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.hf_peer import load_hf_model
+from ...bench.decode import load_hf_model
 from ...bench.throughput import compute_ceiling_tokens_per_s, make_workload, run_engine, run_hf_static
 from ...llm import LLM
 from . import bench_parser
