@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["rounds"] = rounds
     summary["requests"] = [asdict(r) for r in results]
     if offline is not None:
-        seconds = sum(r["offline_duration_s"] for r in rounds)
-        tokens = sum(r["offline_output_tokens"] for r in rounds)
+        total = lambda key: sum(r[key] for r in rounds)
+        seconds, tokens = total("offline_duration_s"), total("offline_output_tokens")
         summary["offline"] = {
             "duration_s": seconds,
             "output_throughput": tokens / seconds,
@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["output_throughput"] / summary["offline"]["output_throughput"]
         )
         summary["cpu_ms_per_output_token"] = {
-            side: 1e3
-            * sum(r[f"{side}_cpu_s"] for r in rounds)
-            / sum(r[f"{key}_output_tokens"] for r in rounds)
+            side: 1e3 * total(f"{side}_cpu_s") / total(f"{key}_output_tokens")
             for side, key in (("server", "server"), ("client", "server"), ("offline", "offline"))
         }
     out = Path(args.out)
