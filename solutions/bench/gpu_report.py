@@ -198,24 +198,10 @@ def render(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Per section: its heading (the model's is its shape's name), and the key its body needs measured.
-HEADINGS = {
-    "bandwidth": (None, "copy_GBps"),
-    "model": (None, "config"),
-    "decode": ("### Batch-1 decode", "rows"),
-    "profile": ("### One decode step", "rows"),
-    "sweep": ("### Batch sweep: per-request speed vs total throughput", "rows"),
-    "throughput": ("### Offline throughput", "workload"),
-    "speculative": ("## Speculative decoding at batch 1", "rows"),
-}
-
-
 def render_section(key: str, s: dict) -> str:
-    heading, needs = HEADINGS[key]
+    heading, needs, body = SECTION_TABLES[key]
     lines = [f"## {s.get('shape', '?')}", ""] if key == "model" else [heading, ""] if heading else []
     if needs in s:
-        body = {"bandwidth": _bandwidth, "model": _model, "decode": _decode, "profile": _profile,
-                "sweep": _sweep, "throughput": _throughput, "speculative": _speculative}[key]  # fmt: skip
         lines += body(s)
     if s["status"] != "ok":
         why = s.get("error") or s.get("reason", "")
@@ -346,3 +332,15 @@ def _speculative(s: dict) -> list[str]:
             }),
         ]  # fmt: skip
     return lines
+
+
+# Per section: its heading (the model's is its shape's name), the key its body needs measured, and the body.
+SECTION_TABLES = {
+    "bandwidth": (None, "copy_GBps", _bandwidth),
+    "model": (None, "config", _model),
+    "decode": ("### Batch-1 decode", "rows", _decode),
+    "profile": ("### One decode step", "rows", _profile),
+    "sweep": ("### Batch sweep: per-request speed vs total throughput", "rows", _sweep),
+    "throughput": ("### Offline throughput", "workload", _throughput),
+    "speculative": ("## Speculative decoding at batch 1", "rows", _speculative),
+}

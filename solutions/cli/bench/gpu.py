@@ -20,7 +20,7 @@ Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are r
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import gc
 import shlex
 import statistics
@@ -64,30 +64,9 @@ ENGINES = ("eager", "graphs")
 INT4_KV_CACHE_BYTES = 2 << 30
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """How much each section measures."""
-
-    copy_bytes: int
-    copy_repeats: int
-    decode_prompt: int
-    decode_tokens: int
-    decode_repeats: int
-    step_prompt: int  # prompt length of the step profile's and the sweep's requests
-    warmup_steps: int
-    timed_steps: int
-    profiled_steps: int
-    profile_batches: tuple[int, ...]
-    sweep_max_batch: int
-    requests: int
-    prompt_lens: tuple[int, int]
-    output_lens: tuple[int, int]
-    hf_batch: int
-    spec_prompts: int
-    spec_tokens: int
-
-
-PRESETS = {  # field: (FULL, QUICK), side by side
+# How much each section measures, field: (FULL, QUICK) side by side. step_prompt is the prompt length of the
+# step profile's and the sweep's requests; requests, prompt_lens, output_lens and hf_batch the throughput's.
+PRESETS = {
     "copy_bytes": (2 << 30, 64 << 20), "copy_repeats": (10, 3),
     "decode_prompt": (32, 8), "decode_tokens": (128, 16), "decode_repeats": (3, 2),
     "step_prompt": (128, 16), "warmup_steps": (3, 2), "timed_steps": (20, 5), "profiled_steps": (10, 3),
@@ -95,7 +74,8 @@ PRESETS = {  # field: (FULL, QUICK), side by side
     "requests": (256, 16), "prompt_lens": ((100, 1024), (8, 48)), "output_lens": ((100, 1024), (8, 48)),
     "hf_batch": (64, 8), "spec_prompts": (4, 1), "spec_tokens": (96, 16),
 }  # fmt: skip
-FULL, QUICK = (Sizes(**{field: pair[i] for field, pair in PRESETS.items()}) for i in (0, 1))
+Sizes = collections.namedtuple("Sizes", PRESETS)
+FULL, QUICK = (Sizes(*(pair[i] for pair in PRESETS.values())) for i in (0, 1))
 
 
 LABELS = {
@@ -385,9 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_num_seqs < 1 or (args.requests or 1) < 1 or (args.hf_batch or 1) < 1:
         parser.error("--max-num-seqs, --requests and --hf-batch must be positive")
     sizes = QUICK if args.quick else FULL
-    sizes = dataclasses.replace(
-        sizes, requests=args.requests or sizes.requests, hf_batch=args.hf_batch or sizes.hf_batch
-    )
+    sizes = sizes._replace(requests=args.requests or sizes.requests, hf_batch=args.hf_batch or sizes.hf_batch)
     command = "python -m solutions bench gpu " + shlex.join(sys.argv[1:] if argv is None else argv)
     header = run_header(device, command, args.commit, "quick" if args.quick else "full", args.time_limit)
     report = Report(Path(args.out), header, args.time_limit)

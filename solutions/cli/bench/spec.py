@@ -45,16 +45,10 @@ def chain_methods(k: int) -> dict[str, dict]:
     }
 
 
-def batch_one_engines(methods: dict[str, dict], device: str, kv_cache_memory: int, **extra) -> dict[str, LLM]:
+def batch_one_engines(methods: dict[str, dict], device: str, kv_cache_memory: int) -> dict[str, LLM]:
+    """An engine per method (its options over the shared ones): one sequence at a time, 1024 tokens long."""
     return {
-        name: LLM(
-            device=device,
-            max_num_seqs=1,
-            max_model_len=1024,
-            kv_cache_memory=kv_cache_memory,
-            **opts,
-            **extra,
-        )
+        name: LLM(device=device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=kv_cache_memory, **opts)
         for name, opts in methods.items()
     }
 
