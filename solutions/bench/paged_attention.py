@@ -1,7 +1,8 @@
 """What ``python -m solutions bench paged_attention`` measures with (``cli/bench/paged_attention.py``; ``bench
-kv`` and ``bench kernels`` use it too): the paged decode kernel's bytes per second against a device-to-device
-copy, its batch-1 latency against SDPA over the same K/V stored densely, and varlen paged prefill TFLOP/s
-against SDPA, each launch graph-replayed as the engine runs it and timed by ``triton.testing.do_bench``."""
+kv``, ``bench kernels`` and ``bench attention`` use it too): the paged decode kernel's bytes per second
+against a device-to-device copy, its batch-1 latency against SDPA over the same K/V stored densely, and varlen
+paged prefill TFLOP/s against SDPA, each launch graph-replayed as the engine runs it and timed by
+``triton.testing.do_bench``."""
 
 from __future__ import annotations
 
