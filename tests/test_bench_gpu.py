@@ -14,7 +14,6 @@ import torch
 
 from solutions.bench.decode_steps import summarize_profile
 from solutions.bench.gpu_report import Report, SectionSkipped, run_header
-from solutions.bench.gpu_setup import QUICK
 from solutions.bench.model_shapes import SHAPES, write_random_checkpoint
 from solutions.cli.bench import gpu
 from solutions.model.loader import load_hf_folder
@@ -254,7 +253,7 @@ def test_nano_vllm_workload_is_seeded_and_in_range():
     """``bench gpu``'s throughput workload: ``make_workload`` without a tokenizer (nano-vllm's)."""
     from solutions.bench.throughput import make_workload
 
-    s = QUICK
+    s = gpu.QUICK
     workload = make_workload(None, s.requests, s.prompt_lens, s.output_lens, 0, 512)
     prompts, output_lens = workload.prompts, workload.output_lens
     assert workload == make_workload(None, s.requests, s.prompt_lens, s.output_lens, 0, 512)

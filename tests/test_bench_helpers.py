@@ -74,7 +74,6 @@ def test_bench_help_reaches_the_named_benchmark(capsys):
 def test_bench_host_times_every_batch_kind_and_mark(capsys):
     """``bench host``: a row per batch and mark, a figure per output kind; ``StoredLogits`` replays its
     capture's logits without computing."""
-    from solutions.bench.host_step import StoredLogits
     from solutions.cli.bench import host
 
     assert host.main(["--batches", "1", "3", "--marks", "2", "5", "--steps", "2"]) == 0
@@ -83,6 +82,6 @@ def test_bench_host_times_every_batch_kind_and_mark(capsys):
     ]
     assert [row[:2] for row in rows] == [["1", "2"], ["1", "5"], ["3", "2"], ["3", "5"]]
     assert all(len(row) == 7 and float(row[2]) > 0 for row in rows), rows
-    recorded = StoredLogits()
+    recorded = host.StoredLogits()
     first = recorded.capture(lambda: (torch.ones(2, 3), torch.ones(2, 4)))
     assert recorded.replay() is first, "a replay returns the captured logits and states, computing nothing"

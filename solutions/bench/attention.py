@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..kernels.flash_attention import _flash_fwd_tuned, flash_attention, flops
+from .paged_attention import tuned_tiles
 from .timing import median_ms
 
 GOAL = 0.9  # our kernel's TFLOP/s over SDPA's, at least
@@ -43,12 +44,6 @@ def tflops(work: float, fn: Callable[..., object], *args: Any, **kwargs: Any) ->
     return work / (median_ms(lambda: fn(*args, **kwargs), args[0].device, 3) * 1e-3) / 1e12
 
 
-def _tiles(config) -> str:
-    if config is None:
-        return "-"
-    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} w{config.num_warps} s{config.num_stages}"
-
-
 def bench_kernels(
     dtypes: list[torch.dtype], head_dims: list[int], lengths: list[int], batch: int, heads: int
 ) -> list[str]:
@@ -64,7 +59,7 @@ def bench_kernels(
                     )
                     work = flops(batch, heads, n, n, head_dim, causal)
                     ours = tflops(work, flash_attention, q, k, v, causal=causal)
-                    tiles = _tiles(_flash_fwd_tuned.last_config if device == "cuda" else None)
+                    tiles = tuned_tiles(_flash_fwd_tuned.last_config if device == "cuda" else None)
                     sdpa = tflops(work, sdpa_flash, q, k, v, causal)
                     # Naive needs B*H*N^2 fp32 scores: skip it past 4k, where they reach gigabytes.
                     naive = tflops(work, naive_attention, q, k, v, causal) if n <= 4096 else float("nan")

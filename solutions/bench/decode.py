@@ -1,18 +1,26 @@
 """What ``python -m solutions bench decode`` measures with (``cli/bench/decode.py``), shared with the other
 decode benchmarks: decode tokens/s as (time for N tokens - time for 1) / (N - 1), engines alternating and the
-median kept; llama.cpp as an optional peer; the time to first token of one long prompt."""
+median kept; the peers the engine is compared with, Hugging Face ``transformers`` (the same weights, loaded
+quietly; ``generate`` run for exactly the greedy tokens asked for, EOS ignored; imported only by a run that
+uses it: it takes seconds) and llama.cpp (optional); the time to first token of one long prompt."""
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
 
 from ..llm import LLM
 from ..model.loader import bundled_model_path
 from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PROMPT = "The history of the printing press begins"
 
@@ -40,32 +48,25 @@ def modules_run(llm: LLM, prompt: str, params: Callable[[int], SamplingParams]) 
 
 
 def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately:
-    each repeat runs every engine once, so drifts in machine speed hit them all alike."""
+    """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately: each
+    repeat runs every engine once, so drifts in machine speed hit them all alike. A repeat's figure is
+    (t(new_tokens) - t(1)) / (new_tokens - 1), t(1) the fastest of three runs: a pause of the machine in the
+    one short run it is subtracted from would otherwise count against the decode steps (on a busy host, enough
+    to make a small model's figure negative)."""
     for run in runs.values():
         run(8)  # warm up
     figures: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            figures[name] += seconds_per_decode_token(run, new_tokens, 1)
+            one = min(_seconds(run, 1) for _ in range(3))
+            figures[name].append((_seconds(run, new_tokens) - one) / (new_tokens - 1))
     return {name: 1 / statistics.median(f) for name, f in figures.items()}
 
 
-def seconds_per_decode_token(run: Callable[[int], object], new_tokens: int, repeats: int) -> list[float]:
-    """One figure per repeat: (t(new_tokens) - t(1)) / (new_tokens - 1), t(1) the fastest of three runs: a
-    pause of the machine in the one short run it is subtracted from would otherwise count against the decode
-    steps (on a busy host, enough to make a small model's figure negative)."""
-    figures = []
-    for _ in range(repeats):
-        one = math.inf
-        for _ in range(3):
-            start = time.perf_counter()
-            run(1)
-            one = min(one, time.perf_counter() - start)
-        start = time.perf_counter()
-        run(new_tokens)
-        figures.append((time.perf_counter() - start - one) / (new_tokens - 1))
-    return figures
+def _seconds(run: Callable[[int], object], n: int) -> float:
+    start = time.perf_counter()
+    run(n)
+    return time.perf_counter() - start
 
 
 def llama_cpp_generator(threads: int) -> Callable[[list[int], int], list[int]] | None:
@@ -119,3 +120,52 @@ def prefill_seconds(llm: LLM, prompt_ids: list[int], repeats: int) -> float:
         llm.generate(prompt_ids, params)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def load_hf_model(
+    folder: Path | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> PreTrainedModel:
+    """A checkpoint ``folder`` (default: the bundled GGUF) as a ``transformers`` causal LM in eval mode,
+    without its loading messages or progress bars."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    if folder is None:
+        path = bundled_model_path()
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval()
+
+
+def left_padded(
+    prompts: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded static batch as ``generate`` takes it: ``ids`` ``[B, longest]`` with each prompt right-aligned
+    after ``pad_id``s, and the ``mask`` that is 1 on the prompts' own tokens."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def hf_generate(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    new_tokens: int,
+    mask: torch.Tensor | None = None,
+    pad_token_id: int = 0,
+) -> torch.Tensor:
+    """Exactly ``new_tokens`` greedy tokens after each row of ``ids`` ``[B, L]`` (left-padded where ``mask``
+    is 0); returns the rows with them appended."""
+    with torch.inference_mode():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids) if mask is None else mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+        )

@@ -38,9 +38,7 @@ def start_decodes(engine: Engine, batch: int, prompt_len: int, max_tokens: int, 
     prompts = random_prompts(batch, prompt_len, engine.model_config.vocab_size, seed)
     ids = engine.add_requests(prompts, [params] * batch)
     started: set[str] = set()
-    for _ in range(
-        batch * prompt_len + 1
-    ):  # a step computes at least one prompt token, so this bounds the loop
+    for _ in range(batch * prompt_len + 1):  # a step computes at least one prompt token: the loop's bound
         started.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
         if len(started) == batch:
             return ids

@@ -15,7 +15,7 @@ from ..kernels.blocks import cache_slots, cdiv
 from ..kernels.store_kv import store_kv
 from ..model.config import ModelConfig
 from ..model.layer_ops import triton_layer_ops
-from ..model.llama import PLAIN_OPS, DecoderLayer
+from ..model.llama import PLAIN_OPS, DecoderLayer, use_layer_ops
 from .paged_attention import graphed
 from .timing import median_ms
 
@@ -98,12 +98,7 @@ def decode_layer(
         max_position_embeddings=context + 1, tie_word_embeddings=True,
     )  # fmt: skip
     layer = DecoderLayer(config, 0).to(device=device, dtype=dtype)
-    for linear in (
-        layer.self_attn.qkv_proj,
-        layer.self_attn.o_proj,
-        layer.mlp.gate_up_proj,
-        layer.mlp.down_proj,
-    ):
+    for linear in (m for m in layer.modules() if isinstance(m, torch.nn.Linear)):  # unit-variance outputs
         linear.weight.data.mul_(linear.in_features**-0.5 / linear.weight.std())
     block_size = 16
     blocks_per_seq = cdiv(context + 1, block_size)
@@ -170,13 +165,7 @@ def layer_rows(
         for batch in batches:
             layer, run = decode_layer(shape, batch, context, dtype, device)
             for ops in (PLAIN_OPS, triton_layer_ops()):
-                for module in (
-                    layer.input_layernorm,
-                    layer.self_attn,
-                    layer.post_attention_layernorm,
-                    layer.mlp,
-                ):
-                    module.ops = ops
+                use_layer_ops(layer, ops)
                 # The first eager call tunes the attention for this shape, before any graph is captured.
                 kernels = count_kernels(run) if device.type == "cuda" else None
                 ms = median_ms(graphed(run, device), device, 3)

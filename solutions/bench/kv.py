@@ -40,15 +40,11 @@ def sample_request_mix(num_requests: int, max_model_len: int = 2048, seed: int =
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     rng = random.Random(seed)
     mu = lambda mean: math.log(mean) - LENGTH_SIGMA**2 / 2  # a log-normal's mean is exp(mu + sigma^2 / 2)
+    draw = lambda mean, most: min(most, max(1, round(rng.lognormvariate(mu(mean), LENGTH_SIGMA))))
     shapes = []
     for _ in range(num_requests):
-        prompt = min(
-            max_model_len - 1, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_PROMPT), LENGTH_SIGMA)))
-        )
-        output = min(
-            max_model_len - prompt, max(1, round(rng.lognormvariate(mu(SHAREGPT_MEAN_OUTPUT), LENGTH_SIGMA)))
-        )
-        shapes.append(RequestShape(prompt, output))
+        prompt = draw(SHAREGPT_MEAN_PROMPT, max_model_len - 1)
+        shapes.append(RequestShape(prompt, draw(SHAREGPT_MEAN_OUTPUT, max_model_len - prompt)))
     return shapes
 
 

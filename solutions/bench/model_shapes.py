@@ -121,20 +121,13 @@ def write_random_checkpoint(shape: ModelShape, folder: Path, device: str = "cpu"
     norms 1, every matrix ``N(0, INIT_STD**2)`` drawn on ``device`` (on a GPU, as fast as the disk writes)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     shapes = shape.tensor_shapes()
-
-    def tensors() -> Iterator[torch.Tensor]:
-        for name, size in shapes.items():
-            if name.endswith("norm.weight"):
-                yield torch.ones(size, dtype=torch.bfloat16, device=device)
-            else:
-                yield torch.randn(size, generator=generator, device=device, dtype=torch.bfloat16).mul_(
-                    INIT_STD
-                )
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(shape.hf_config(), indent=1))
-    write_safetensors_streaming(folder / "model.safetensors", shapes, tensors(), torch.bfloat16)
-    return folder
+    tensors = (
+        torch.ones(size, dtype=torch.bfloat16, device=device)
+        if name.endswith("norm.weight")
+        else torch.randn(size, generator=generator, device=device, dtype=torch.bfloat16).mul_(INIT_STD)
+        for name, size in shapes.items()
+    )
+    return _write_folder(folder, shape.hf_config(), shapes, tensors)
 
 
 def write_bundled_checkpoint(folder: Path) -> tuple[Path, ModelShape]:
@@ -150,10 +143,16 @@ def write_bundled_checkpoint(folder: Path) -> tuple[Path, ModelShape]:
         c.max_position_embeddings, None, c.bos_token_id, c.eos_token_id,
     )  # fmt: skip
     shapes = shape.tensor_shapes()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(
-        json.dumps(shape.hf_config() | {"rms_norm_eps": c.rms_norm_eps}, indent=1)
-    )
     tensors = (weights.state_dict[name].to(torch.bfloat16) for name in shapes)
+    config = shape.hf_config() | {"rms_norm_eps": c.rms_norm_eps}
+    return _write_folder(folder, config, shapes, tensors), shape
+
+
+def _write_folder(
+    folder: Path, config: dict, shapes: dict[str, tuple[int, ...]], tensors: Iterator[torch.Tensor]
+) -> Path:
+    """``config.json`` and a bfloat16 ``model.safetensors``, the ``tensors`` streamed in ``shapes``' order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     write_safetensors_streaming(folder / "model.safetensors", shapes, tensors, torch.bfloat16)
-    return folder, shape
+    return folder

@@ -21,11 +21,7 @@ GPU_GOAL = 2.0  # the grouped kernel vs the per-expert loop, at every shape
 
 
 def make_layer(
-    hidden: int,
-    width: int,
-    device: str,
-    dtype: torch.dtype,
-    seed: int = 0,
+    hidden: int, width: int, device: str, dtype: torch.dtype, seed: int = 0
 ) -> dict[str, torch.Tensor]:
     """Router, stacked experts, and a dense FFN with the experts' active width ``TOP_K * width``, drawn on
     ``device`` (a 4096 x 14336 layer is 3.5 GB of bfloat16: no host copy)."""

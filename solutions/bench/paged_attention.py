@@ -1,13 +1,15 @@
 """What ``python -m solutions bench paged_attention`` measures with (``cli/bench/paged_attention.py``; ``bench
-kv`` and ``bench kernels`` use it too): the paged decode kernel's bytes per second against a device-to-device
-copy, its batch-1 latency against SDPA over the same K/V stored densely, and varlen paged prefill TFLOP/s
-against SDPA, each launch graph-replayed as the engine runs it and timed by ``triton.testing.do_bench``."""
+kv``, ``bench kernels`` and ``bench attention`` use it too): the paged decode kernel's bytes per second
+against a device-to-device copy, its batch-1 latency against SDPA over the same K/V stored densely, and varlen
+paged prefill TFLOP/s against SDPA, each launch graph-replayed as the engine runs it and timed by
+``triton.testing.do_bench``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels.blocks import cdiv
 from ..kernels.flash_attention import flops
@@ -97,8 +99,6 @@ def decode_kernel_bandwidth(
     """
     device = torch.device(device)
     _require(device)
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     k_cache, v_cache, block_table = random_paged_cache(
         batch, context, kv_heads, head_dim, block_size, dtype, device
@@ -140,14 +140,14 @@ def decode_kernel_bandwidth(
     return {
         "device": machine_name(device), "batch": batch, "context": context, "q_heads": q_heads,
         "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size,
-        "dtype": str(dtype).removeprefix("torch."), "num_splits": splits, "config": _config_name(config),
+        "dtype": str(dtype).removeprefix("torch."), "num_splits": splits, "config": tuned_tiles(config),
         "ms": ms, "eager_ms": eager_ms, "sdpa_ms": sdpa_ms, "bytes": moved, "gbps": gbps,
         "copy_gbps": copy_gbps, "fraction": fraction, "goal": BANDWIDTH_GOAL,
         "meets_goal": fraction >= BANDWIDTH_GOAL, "rel_err": rel_err,
     }  # fmt: skip
 
 
-def _config_name(config) -> str:
+def tuned_tiles(config) -> str:
     """A tuned configuration as ``BLOCK_N=64 w4 s2`` (``-`` for the interpreter's fixed one)."""
     if config is None:
         return "-"
@@ -211,8 +211,6 @@ def _prefill_row(
     """Causal bf16 prefill of ``num_seqs`` fresh sequences of ``seq_len`` tokens: our varlen paged kernel (K/V
     read through block tables of 16) against torch SDPA on the same K/V stored densely (heads repeated for
     SDPA, outside the timing): TFLOP/s, the ratio beside its goal, the tuned tiles, ours' error vs SDPA's."""
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     k_cache, v_cache, block_table = random_paged_cache(
         num_seqs, seq_len, kv_heads, head_dim, 16, torch.bfloat16, device
@@ -234,7 +232,7 @@ def _prefill_row(
     work = num_seqs * flops(1, q_heads, seq_len, seq_len, head_dim, causal=True)
     ours_tflops, sdpa_tflops = (work / (median_ms(fn, device, 3) * 1e-3) / 1e12 for fn in (ours, sdpa))
     ratio = ours_tflops / sdpa_tflops
-    config = _config_name(_paged_prefill_tuned.last_config if device.type == "cuda" else None)
+    config = tuned_tiles(_paged_prefill_tuned.last_config if device.type == "cuda" else None)
     return (
         f"{num_seqs:4d} x {seq_len:<5d} {q_heads:>5d}/{kv_heads}/{head_dim:<5d} {config:28s} "
         f"{ours_tflops:9.1f} {sdpa_tflops:10.1f} {ratio:10.2f}  {_mark(ratio >= PREFILL_GOAL):4s}"

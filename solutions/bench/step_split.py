@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..engine.outputs import RequestOutput
+from ..engine.outputs import OutputKind
 from ..llm import LLM
 from ..model.config import ModelConfig
 from ..sampling_params import SamplingParams
@@ -186,32 +185,28 @@ def measure_step_split(llm: LLM, prompt: str, new_tokens: int = 32, repeats: int
     runs = []
     for _ in range(repeats):
         clock = StepClock()
-        per_step: list[dict[str, float]] = []
-        step = llm.engine.step
-
-        def one_step(
-            step: Callable[[], list[RequestOutput]] = step,
-            clock: StepClock = clock,
-            per_step: list[dict[str, float]] = per_step,
-        ) -> list[RequestOutput]:
-            before = dict(clock.seconds)
-            start = time.perf_counter()
-            outputs = step()
-            spent = {part: clock.seconds[part] - before.get(part, 0.0) for part in SPLIT[:-1]}
-            spent["Python/other"] = time.perf_counter() - start - sum(spent.values())
-            per_step.append(spent)
-            return outputs
-
         with _timers(llm.engine, clock):
-            llm.engine.step = one_step
-            try:
-                llm.generate(prompt, params)
-            finally:
-                llm.engine.__dict__.pop("step", None)
-        decode_steps = per_step[1:]  # the first step is the prefill
-        runs.append({part: 1e3 * statistics.fmean(s[part] for s in decode_steps) for part in SPLIT})
+            steps = _decode_steps(llm.engine, prompt, params, clock, "final")  # as LLM.generate reports
+        ms = {part: 1e3 * clock.seconds[part] / steps for part in SPLIT[:-1]}
+        ms["Python/other"] = 1e3 * clock.seconds["step"] / steps - sum(ms.values())
+        runs.append(ms)
     middle = sorted(runs, key=lambda r: sum(r.values()))[len(runs) // 2]
     return StepSplit(middle, new_tokens - 1)
+
+
+def _decode_steps(
+    engine, prompt: str | list[int], params: SamplingParams, clock: StepClock, output_kind: OutputKind
+) -> int:
+    """One request decoded alone, its prefill step untimed and every decode step after it timed as "step"
+    (``clock`` cleared after the prefill: its other parts are then the decode steps' alone). Returns how many
+    decode steps ran."""
+    engine.add_request(prompt, params, output_kind=output_kind)
+    engine.step()  # the prefill, left out
+    clock.seconds.clear()
+    clock.calls.clear()
+    while engine.has_unfinished_requests():
+        clock.timed("step", engine.step)()
+    return clock.calls["step"]
 
 
 def split_lines(split: StepSplit, products_alone_ms: float, untimed_step_ms: float) -> list[str]:
@@ -239,13 +234,7 @@ def step_breakdown(llm: LLM, prompt: list[int], params: SamplingParams, sync: Ca
     if spec is not None:
         targets.append((spec, "propose", "draft"))
     with clock.wrapping(targets):
-        engine.add_request(prompt, params)
-        engine.step()  # the prefill, left out: the parts are the decode steps'
-        clock.seconds.clear()
-        clock.calls.clear()
-        while engine.has_unfinished_requests():
-            clock.timed("step", engine.step)()
-    steps = clock.calls["step"]
+        steps = _decode_steps(engine, prompt, params, clock, "cumulative")
     step_ms, draft_ms, forward_ms = (
         1e3 * clock.seconds[p] / max(1, steps) for p in ("step", "draft", "forward")
     )

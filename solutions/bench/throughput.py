@@ -18,7 +18,7 @@ import torch
 from ..llm import LLM
 from ..model.tokenizer import TextTokenizer
 from ..sampling_params import SamplingParams
-from .hf_peer import hf_generate, left_padded
+from .decode import hf_generate, left_padded
 from .step_split import linear_flops, linear_seconds
 
 if TYPE_CHECKING:
@@ -132,12 +132,10 @@ def run_hf_static(
         hf_generate(model, ids, max(wanted), mask, pad_id)
         sync()
         last = time.perf_counter() - start
-        done, prompt_tokens, useful, wall = (
-            done + len(prompts),
-            prompt_tokens + int(mask.sum()),
-            useful + sum(wanted),
-            wall + last,
-        )
+        done += len(prompts)
+        prompt_tokens += int(mask.sum())
+        useful += sum(wanted)
+        wall += last
     return Throughput(f"HF generate, static batches of {batch_size}", wall, prompt_tokens, useful, done)
 
 

@@ -5,38 +5,57 @@ Decode speed is (time for N tokens - time for 1 token) / (N - 1) for both engine
 start-up costs cancel and both are measured the same way. Repeats alternate between the engines
 (this machine is noisy) and the median is reported. The step is then taken apart (``step_split``: timers
 around the matrix products, attention, the elementwise chains and the sampler; the rest is Python and other
-work) and set against its goals. ``--fused-ops`` compares the CPU layer ops (plain, fused ahead of time,
-``torch.compile``); ``--attention`` times one decode query's paged attention against the bytes it reads.
+work) and set against its goals.
+
+``--fused-ops ENGINE`` sets the CPU ``LayerOps`` candidates side by side, rounds alternating: per chain and
+regime (1, 8, 128 rows) the plain chain against the fused one compiled ahead of time, as
+``model/cpu_layer_ops.py`` measured them to choose; per chain at one row, the same chain through
+``torch.compile`` (the guard evaluation every call pays, why the engine compiles ahead of time instead); and
+whole decode steps with ``PLAIN_OPS`` and with the fused set, their greedy tokens compared.
+
+``--attention`` times the CPU paged attention of one decode query against the bytes it reads: one step's
+attention over every layer of a model-sized cache (each layer's K/V in its own memory, so nothing stays in a
+CPU cache from the previous layer), as the engine runs it (``TorchPagedStep`` built once, one ``attend`` per
+layer). A read in place should approach the machine's read bandwidth; a gather pays a copy of the same bytes
+first.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 
 import torch
 
 from ...bench import step_split
-from ...bench.cpu_attention import attention_table
 from ...bench.decode import (
     LLAMA_CPP_MISSING,
     PROMPT,
     decode_speeds,
+    hf_generate,
     llama_cpp_runner,
+    load_hf_model,
     modules_run,
     prefill_seconds,
 )
-from ...bench.hf_peer import hf_generate, load_hf_model
-from ...bench.layer_ops import decision_lines, step_ab_lines, torch_compile_lines
 from ...bench.machine import machine_name
 from ...bench.roofline import decode_bytes_per_token, measure_read_bandwidth
 from ...bench.step_split import attention_flops, gemm_flops, linear_flops, linear_seconds
-from ...kernels.cpu_linear import PATHS, summary
+from ...bench.timing import alternating_ms
+from ...engine.outputs import RequestOutput
+from ...kernels import paged_torch
+from ...kernels.blocks import cdiv
+from ...kernels.cpu_linear import PATHS, fastest_rounds, summary
 from ...llm import LLM
-from ...model.cpu_layer_ops import cpu_layer_ops
-from ...model.llama import LlamaModel
+from ...model.cpu_layer_ops import CHAINS, cpu_layer_ops, model_sizes
+from ...model.llama import PLAIN_OPS, LayerOps, LlamaModel
 from ...paths import DATA_DIR
 from ...sampling_params import SamplingParams
 from . import bench_parser
+
+LENGTHS = (128, 512, 2048)  # --attention's contexts
+LAYERS, BLOCK_SIZE, KV_HEADS, Q_HEADS, HEAD_DIM = 30, 16, 3, 9, 64  # SmolLM2-135M's attention
 
 
 def print_linear_paths(model: LlamaModel) -> None:
@@ -113,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine_name('cpu')}, torch {torch.__version__}")
     print_linear_paths(model)
     print_layer_ops(model)
-    print(f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s")
     print(
-        f"weight bytes read per decode token ({args.dtype}): "
-        f"{weight_bytes / 1e6:.1f} MB -> roofline {roofline:.1f} tokens/s"
+        f"read bandwidth (sum of a 1 GiB buffer): {bandwidth / 1e9:.1f} GB/s\n"
+        f"weight bytes read per decode token ({args.dtype}): {weight_bytes / 1e6:.1f} MB -> roofline "
+        f"{roofline:.1f} tokens/s\n"
+        f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:\n"
+        f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}"
     )
-    print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, engines alternating:")
-    print(f"{'engine':<30}{'tokens/s':>10}{'ms/token':>10}{'of roofline':>13}{'vs HF':>8}")
     hf_speed = speeds.get("HF transformers generate")
     for name, speed in speeds.items():
         vs_hf = f"{speed / hf_speed:.2f}x" if hf_speed else "-"
@@ -185,3 +204,110 @@ def _fused_ops_only(args: argparse.Namespace) -> int:
     print(f"batch-1 greedy decode, {args.tokens} tokens, median of {args.repeats}, layer ops alternating:")
     print("\n".join(step_ab_lines(llm, fused, PROMPT, args.tokens, args.repeats)))
     return 0
+
+
+def layouts(num_blocks: int) -> dict[str, tuple[list[int], bool]]:
+    """Block tables of ``num_blocks`` blocks for each layout, and whether to let the step read it in place:
+    ascending (one view of the cache), descending (one view, the last block's stale rows masked: the order a
+    freed sequence's blocks come back in), in two runs (gathered), and ascending but gathered (the path every
+    table but an ascending one took before), for the cost of the gather itself."""
+    ascending = list(range(1, num_blocks + 1))
+    half = num_blocks // 2
+    return {
+        "ascending": (ascending, True),
+        "descending": (ascending[::-1], True),
+        "two runs (gathered)": (ascending[:half] + [b + 1 for b in ascending[half:]], True),
+        "ascending, gathered": (ascending, False),
+    }
+
+
+def attention_table(repeats: int = 5) -> list[str]:
+    """Lines of a table: per context length and layout, microseconds per layer and GB/s of K/V read."""
+    lines = [f"{'context':>8}  {'layout':<22}{'us/layer':>10}{'GB/s':>8}"]
+    context_run = paged_torch.context_run
+    try:
+        for length in LENGTHS:
+            num_blocks = cdiv(length, BLOCK_SIZE)
+            k_cache, v_cache = torch.randn(2, LAYERS, num_blocks + 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+            q = torch.randn(1, Q_HEADS, HEAD_DIM)
+            steps = {
+                name: functools.partial(_step, q, k_cache, v_cache, blocks, length, context_run, in_place)
+                for name, (blocks, in_place) in layouts(num_blocks).items()
+            }
+            best_ms = alternating_ms(steps, repeats, min)  # rounds alternate between the layouts
+            kv_bytes = 2 * length * KV_HEADS * HEAD_DIM * k_cache.element_size()
+            for name, ms in best_ms.items():
+                per_layer = ms / 1e3 / LAYERS
+                rate = kv_bytes / per_layer / 1e9
+                lines.append(f"{length:>8}  {name:<22}{per_layer * 1e6:>10.1f}{rate:>8.1f}")
+    finally:
+        paged_torch.context_run = context_run
+    return lines
+
+
+@torch.inference_mode()
+def _step(q, k_cache, v_cache, blocks: list[int], length: int, context_run, in_place: bool) -> None:
+    """One step's attention over every layer; ``in_place=False`` takes the step's in-place read away."""
+    paged_torch.context_run = context_run if in_place else lambda *args: None
+    table = torch.tensor([blocks], dtype=torch.int32)
+    starts, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([length], dtype=torch.int32)
+    step = paged_torch.TorchPagedStep(table, starts, lens, BLOCK_SIZE, length, k_cache.dtype)
+    for layer in range(LAYERS):
+        step.attend(q, k_cache[layer], v_cache[layer])
+
+
+def decision_lines(decisions: dict[str, dict]) -> list[str]:
+    """One line per chain and regime: the winner and each candidate's microseconds per call."""
+    lines = [f"{'dtype:chain:shape':<28}{'regime':<9}{'winner':<10}microseconds per call"]
+    for key, entry in decisions.items():
+        for regime, pick in entry.items():
+            figures = "  ".join(f"{name} {us:7.2f}" for name, us in sorted(pick["us"].items()))
+            lines.append(f"{key:<28}{regime:<9}{pick['path']:<10}{figures}")
+    return lines
+
+
+def torch_compile_lines(model: LlamaModel, fused_ops: LayerOps) -> list[str]:
+    """Per chain at one row: plain, the engine's fused chain, and ``torch.compile`` of the plain function."""
+    dtype, sizes = model.norm.weight.dtype, model_sizes(model)
+    lines = [f"{'chain (1 row)':<16}{'plain us':>10}{'engine us':>11}{'torch.compile us':>18}"]
+    for name, chain in CHAINS.items():
+        args = chain.inputs(1, sizes, dtype, torch.Generator().manual_seed(0))
+        if name == "add_rms_norm":
+            args = (*args[:3], 1e-5)
+        compiled = torch.compile(chain.plain, dynamic=True)
+        with torch.inference_mode():
+            compiled(*args)  # compiles
+            candidates = {"plain": chain.plain, "engine": getattr(fused_ops, name), "compile": compiled}
+            best = fastest_rounds({n: [functools.partial(fn, *args)] * 32 for n, fn in candidates.items()}, 7)
+        us = {n: t * 1e6 for n, t in best.items()}
+        lines.append(f"{name:<16}{us['plain']:>10.2f}{us['engine']:>11.2f}{us['compile']:>18.2f}")
+    return lines
+
+
+def step_ab_lines(llm: LLM, fused_ops: LayerOps, prompt: str, tokens: int, repeats: int) -> list[str]:
+    """Decode ms/token of ``llm`` with ``PLAIN_OPS`` and with ``fused_ops``, alternating; and whether the
+    greedy tokens agree."""
+    model = llm.engine.model
+    before = model.ops
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+    def run_with(ops: LayerOps) -> Callable[[int], list[RequestOutput]]:
+        def run(n: int) -> list[RequestOutput]:
+            model.use_ops(ops)
+            return llm.generate(prompt, greedy(n))
+
+        return run
+
+    runs = {"plain ops": run_with(PLAIN_OPS), f"{fused_ops.name} ops": run_with(fused_ops)}
+    try:
+        tokens_of = {name: run(tokens)[0].outputs[0].token_ids for name, run in runs.items()}
+        speeds = decode_speeds(runs, tokens, repeats)
+    finally:
+        model.use_ops(before)
+    plain_ms = 1e3 / speeds["plain ops"]
+    lines = [f"{'layer ops':<20}{'ms/token':>10}{'vs plain':>10}"]
+    for name, speed in speeds.items():
+        lines.append(f"{name:<20}{1e3 / speed:>10.2f}{plain_ms * speed / 1e3:>9.2f}x")
+    same = len(set(map(tuple, tokens_of.values()))) == 1
+    lines.append(f"greedy tokens ({tokens}): {'identical' if same else 'DIFFER'}")
+    return lines

@@ -1,38 +1,87 @@
 """``python -m solutions bench host``: what the engine itself costs per decode step, the model taken out.
 
-A step's forward replays a decode graph whose logits were stored at capture (``bench/host_step.py``), so the
-time left is the host's: scheduling, the persistent input batch, the sampler, the one read of the sampled ids,
-stop checks and the outputs. On a GPU this is the time the device waits between steps (in the eager baseline
-profile on an H200, each request beyond the first added about 86 us to a step). Printed per batch size
-and output kind ("final": only finished requests report, as ``LLM.generate``; "cumulative": every step,
-whole, as ``LLM.stream``; "delta": every step, only what it added, as the server streams), at a few points
-of the outputs' length, with each streamed kind's cost beside "final"'s.
+On a GPU a decode step is host work (scheduling, the persistent input batch, launching the graph and the
+sampler, reading the sampled ids, stop checks, outputs) followed by device work; with the forward replayed
+from a CUDA graph, the host part is what keeps the GPU idle between steps (in the eager baseline profile on
+an H200, each request beyond the first added about 86 us to a step). Here the decode graph is a
+``StoredLogits``: captured like a graph, its replay returns the logits of its capture at no cost, so a timed
+step is the host part alone, on any machine. The model is the toy shape (its small vocabulary keeps the
+sampler's argmax, device work on a GPU, out of the figures). Printed per batch size and output kind
+("final": only finished requests report, as ``LLM.generate``; "cumulative": every step, whole, as
+``LLM.stream``; "delta": every step, only what it added, as the server streams), at a few points of the
+outputs' length, with each streamed kind's cost beside "final"'s.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
-from ...bench.host_step import measure_host_steps
+import torch
+
+from ...bench.kv import kv_bytes_per_token
 from ...bench.machine import machine_name
-from ...bench.model_shapes import SHAPES, write_random_checkpoint
+from ...bench.model_shapes import SHAPES, ModelShape, write_random_checkpoint
+from ...engine.cuda_graphs import RecordedCall
+from ...engine.outputs import OutputKind
+from ...llm import LLM
+from ...sampling_params import SamplingParams
 from . import bench_parser
 
 KINDS = ("final", "cumulative", "delta")
+PROMPT_TOKENS = 3
+
+
+class StoredLogits(RecordedCall):
+    """A decode "graph" whose replay returns the logits its capture computed: a step without the model."""
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        return self.outputs
+
+
+def measure_host_steps(
+    folder: Path, shape: ModelShape, batch: int, output_kind: OutputKind, marks: list[int], steps: int
+) -> list[float]:
+    """``batch`` greedy requests of the model in ``folder`` (of ``shape``) decoding from a ``StoredLogits``
+    graph; at each of ``marks`` (tokens out, ascending) the mean host time of the next ``steps`` steps, in
+    microseconds."""
+    longest = marks[-1] + steps + 1
+    max_model_len = PROMPT_TOKENS + longest + 1
+    token_bytes = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, 4)  # float32
+    llm = LLM(
+        model=str(folder), device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=batch,
+        max_model_len=max_model_len, max_num_batched_tokens=max(512, batch * PROMPT_TOKENS),
+        kv_cache_memory=(batch + 1) * (max_model_len + 16) * token_bytes,
+    )  # fmt: skip
+    engine = llm.engine
+    engine.runner.capture_decode_graphs(batch, StoredLogits)
+    params = SamplingParams(temperature=0, max_tokens=longest, ignore_eos=True)
+    prompts = [[1 + i % 100, 2, 3] for i in range(batch)]
+    ids = engine.add_requests(prompts, [params] * batch, output_kind=output_kind)
+    engine.step()  # the prefill: one token out
+    results, done = [], 1
+    for mark in marks:
+        while done < mark:
+            engine.step()
+            done += 1
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        results.append(1e6 * (time.perf_counter() - start) / steps)
+        done += steps
+    engine.abort(ids)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__name__, __doc__.split("\n")[0])
-    parser.add_argument(
-        "--batches", type=int, nargs="+", default=[1, 8, 64, 256],
-        help="requests per step (default: 1 8 64 256)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--marks", type=int, nargs="+", default=[100, 900],
-        help="tokens out at which steps are timed (default: 100 900)",
-    )  # fmt: skip
-    parser.add_argument("--steps", type=int, default=50, help="steps timed at each mark (default: 50)")
+    add = parser.add_argument
+    add("--batches", type=int, nargs="+", default=[1, 8, 64, 256],
+        help="requests per step (default: 1 8 64 256)")  # fmt: skip
+    add("--marks", type=int, nargs="+", default=[100, 900],
+        help="tokens out at which steps are timed (default: 100 900)")  # fmt: skip
+    add("--steps", type=int, default=50, help="steps timed at each mark (default: 50)")
     args = parser.parse_args(argv)
     marks = sorted(args.marks)
     if marks[0] < 1 or args.steps < 1 or min(args.batches) < 1:

@@ -34,10 +34,8 @@ def _print_ttft(args: argparse.Namespace) -> float:
     cached, uncached = statistics.median(result.cached), statistics.median(result.uncached)
     print(
         f"\nTTFT, {args.prefix_len}-token shared prefix + a question, one request at a time, "
-        f"medians of {args.rounds} ({llm.engine.config.device}, {llm.engine.config.dtype}):"
-    )
-    print(f"  prefix not cached: {1e3 * uncached:8.1f} ms")
-    print(
+        f"medians of {args.rounds} ({llm.engine.config.device}, {llm.engine.config.dtype}):\n"
+        f"  prefix not cached: {1e3 * uncached:8.1f} ms\n"
         f"  prefix cached:     {1e3 * cached:8.1f} ms   "
         f"({statistics.median(result.hit_tokens)} tokens reused)"
     )
@@ -51,10 +49,10 @@ def _print_memory(args: argparse.Namespace) -> tuple[float, float]:
     print(
         f"request mix: {len(mix)} requests, mean prompt {mean([s.prompt_len for s in mix]):.0f} "
         f"and output {mean([s.output_len for s in mix]):.0f} tokens (log-normal, ShareGPT's means), "
-        f"max_model_len {args.max_model_len}"
+        f"max_model_len {args.max_model_len}\n"
+        f"budget: {table['budget_rows']} KV rows ({args.budget_seqs} sequences of max_model_len)\n"
+        f"{'KV cache':48} {'holds tokens':>12} {'waste':>7} {'concurrent':>10}"
     )
-    print(f"budget: {table['budget_rows']} KV rows ({args.budget_seqs} sequences of max_model_len)")
-    print(f"{'KV cache':48} {'holds tokens':>12} {'waste':>7} {'concurrent':>10}")
     for name, use in table["use"].items():
         print(f"{name:48} {use.used_fraction:12.1%} {use.waste:7.1%} {table['concurrent'][name]:10d}")
     names = list(table["use"])

@@ -56,17 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     quant = dict(w_bit=args.w_bit, group_size=args.group_size)
+    engine = dict(device="cpu", max_num_seqs=1, max_model_len=args.tokens + 64, **quant)
     activations = {"fp32": "float32", "RTN": args.activations, "AWQ": args.activations}
     llms = {
-        name: LLM(
-            device="cpu",
-            dtype=activations[name],
-            max_num_seqs=1,
-            max_model_len=args.tokens + 64,
-            quantization=method,
-            **quant,
-        )
-        for name, method in SETTINGS.items()
+        name: LLM(dtype=activations[name], quantization=method, **engine) for name, method in SETTINGS.items()
     }
     fp16_bytes = 2 * sum(p.numel() for p in llms["fp32"].engine.model.parameters())
     encode = llms["fp32"].tokenizer.encode
@@ -92,26 +85,23 @@ def main(argv: list[str] | None = None) -> int:
     awq_split = measure_step_split(llms["AWQ"], PROMPT, min(args.tokens, 64), args.repeats)
 
     print(f"machine: {machine_name('cpu')}, torch {torch.__version__}; INT{args.w_bit} g{args.group_size}")
-    print(f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)")
     print(
-        "'fp32' is the bundled Q4_1 GGUF dequantized to float32 "
-        "(the reference every setting is compared with)"
-    )
-    print(
-        f"perplexity, first {args.ppl_tokens} tokens of each text, windows of 512 "
-        "(none of them used in calibration):"
+        f"INT4 engines: activations {args.activations} (torch's CPU int4 kernel computes in bfloat16)\n"
+        "'fp32' is the bundled Q4_1 GGUF dequantized to float32 (the reference every setting is compared "
+        f"with)\nperplexity, first {args.ppl_tokens} tokens of each text, windows of 512 (none of them used "
+        "in calibration):"
     )
     print(f"{'text':<20}{'fp32':>9}{'RTN':>9}{'AWQ':>9}{'RTN gap':>9}{'AWQ gap':>9}{'AWQ/RTN':>9}")
     for label in texts:
         fp32, rtn, awq = (ppl[(label, name)] for name in SETTINGS)
         ratio = (awq - fp32) / (rtn - fp32) if rtn != fp32 else float("nan")
-        print(
-            f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}"
-            f"{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}"
-        )
-    print("goal: AWQ's gap <= 0.5 of RTN's on each text (paper, Llama-2-7B g128: 0.50)")
-    print(f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}, engines alternating")
-    print(f"{'setting':<24}{'weight MB':>11}{'vs fp16':>9}{'tokens/s':>10}{'vs fp32':>9}")
+        gaps = f"{rtn - fp32:>+9.3f}{awq - fp32:>+9.3f}{ratio:>9.2f}"
+        print(f"{label:<20}{fp32:>9.3f}{rtn:>9.3f}{awq:>9.3f}{gaps}")
+    print(
+        "goal: AWQ's gap <= 0.5 of RTN's on each text (paper, Llama-2-7B g128: 0.50)\n"
+        f"decode: batch 1, greedy, {args.tokens} tokens, median of {args.repeats}, engines alternating\n"
+        f"{'setting':<24}{'weight MB':>11}{'vs fp16':>9}{'tokens/s':>10}{'vs fp32':>9}"
+    )
     for name, speed in speeds.items():
         if name in llms:
             nbytes = weight_bytes(llms[name].engine.model)

@@ -36,6 +36,7 @@ from ...bench.serving import (
     DEFAULT_SLOS_MS,
     OfflineRunner,
     RequestResult,
+    auth_headers,
     load_prompts,
     own_cpu_seconds,
     run_load,
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.num_requests)
 
     def load(url: str, prompts: list[str]) -> tuple[list[RequestResult], float]:
-        model = httpx.get(f"{url}/v1/models", headers=_auth(args.api_key)).json()["data"][0]["id"]
+        model = httpx.get(f"{url}/v1/models", headers=auth_headers(args.api_key)).json()["data"][0]["id"]
         load_args = (args.max_tokens, args.request_rate, args.max_concurrency, args.api_key, args.seed)
         return asyncio.run(run_load(url, model, prompts, *load_args))
 
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["rounds"] = rounds
     summary["requests"] = [asdict(r) for r in results]
     if offline is not None:
-        seconds = sum(r["offline_duration_s"] for r in rounds)
-        tokens = sum(r["offline_output_tokens"] for r in rounds)
+        total = lambda key: sum(r[key] for r in rounds)
+        seconds, tokens = total("offline_duration_s"), total("offline_output_tokens")
         summary["offline"] = {
             "duration_s": seconds,
             "output_throughput": tokens / seconds,
@@ -157,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["output_throughput"] / summary["offline"]["output_throughput"]
         )
         summary["cpu_ms_per_output_token"] = {
-            side: 1e3
-            * sum(r[f"{side}_cpu_s"] for r in rounds)
-            / sum(r[f"{key}_output_tokens"] for r in rounds)
+            side: 1e3 * total(f"{side}_cpu_s") / total(f"{key}_output_tokens")
             for side, key in (("server", "server"), ("client", "server"), ("offline", "offline"))
         }
     out = Path(args.out)
@@ -168,10 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     plot(summary, out.with_suffix(".png"))
     _print(summary, out)
     return 0 if summary["failed"] == 0 else 1
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _met(met: bool) -> str:
@@ -188,9 +183,8 @@ def _print(s: dict[str, Any], out: Path) -> None:
     slos = ", ".join(f"{k} <= {v:g} ms" for k, v in s["slos_ms"].items())
     print(f"goodput ({slos}): {s['goodput']:.2f} req/s")
     for name in ("ttft", "tpot", "itl", "e2el"):
-        st = s[name]
-        print(f"{name.upper():>5} ms: mean {st['mean_ms']:.1f}  median {st['median_ms']:.1f}  ", end="")
-        print(f"p99 {st['p99_ms']:.1f}")
+        figures = "  ".join(f"{stat} {s[name][stat + '_ms']:.1f}" for stat in ("mean", "median", "p99"))
+        print(f"{name.upper():>5} ms: {figures}")
     if "offline" in s:
         off = s["offline"]
         ratio = s["server_over_offline"]

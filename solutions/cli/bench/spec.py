@@ -5,7 +5,8 @@ on them), interleaved prompt by prompt so that a noisy shared machine slows all 
 outputs must match plain decoding token for token; the table gives tokens/s, the speed-up over plain and
 τ (tokens per target pass), with the goals beside them. Two more rows run the AWQ INT4 engine (Lesson 6),
 plain and with the EAGLE tree, against llama.cpp on the bundled Q4_1 GGUF when ``llama_cpp`` is installed
-(an optional peer: its outputs come from other weights, so they are timed, not compared).
+(an optional peer: its outputs come from other weights, so they are timed, not compared). ``bench gpu``'s
+speculative rows (``cli/bench/gpu.py``) are the first three methods, timed the same way.
 
 ``--offline`` instead scores EAGLE and Medusa chains and trees of several sizes teacher-forced on the
 held-back greedy answers (``speculative.acceptance``): the τ each could reach, the share of positions
@@ -15,9 +16,9 @@ drafting time, with no target pass per step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,115 +30,135 @@ from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
 from ...speculative.drafter import EagleDrafter
 from ...speculative.eagle import HEAD_PATH, SPEC_DIR, load_head
 from ...speculative.medusa import MedusaDrafter, load_heads
+from . import bench_parser
 
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "vs_llama_cpp": 1.5}
+PEER = "llama.cpp Q4_1 (peer)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m solutions bench spec", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--prompts", type=int, default=6, help="held-back prompts to use (of 12)")
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="chain length")
-    parser.add_argument("--tree-nodes", type=int, default=8)
-    parser.add_argument("--tree-depth", type=int, default=4)
-    parser.add_argument("--tree-top-k", type=int, default=4, help="nodes expanded per depth")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
-    parser.add_argument("--device", default="auto")
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="instead: teacher-forced tau of EAGLE and Medusa chains and trees on the "
-        "held-back greedy answers",
-    )
-    parser.add_argument("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    rows = [json.loads(line) for line in (SPEC_DIR / "heldout.jsonl").read_text().splitlines()]
-    mixed = sorted(range(len(rows)), key=lambda i: (i % 4, i))[: args.prompts]  # mix the kinds
-    if args.offline:
-        return offline(mixed, args.eagle_head)
-    rows = [rows[i] for i in mixed]
-    k = args.num_speculative_tokens
-    methods = {
+def chain_methods(k: int) -> dict[str, dict]:
+    """The engine options of plain decoding and of the n-gram and EAGLE chains of ``k`` drafts."""
+    return {
         "plain": {},
         f"n-gram k={k}": dict(speculative="ngram", num_speculative_tokens=k),
         f"EAGLE chain k={k}": dict(speculative="eagle", num_speculative_tokens=k),
-        f"EAGLE tree {args.tree_nodes}": dict(
-            speculative="eagle",
-            num_speculative_tokens=args.tree_depth,
-            speculative_tree_nodes=args.tree_nodes,
-            speculative_tree_top_k=args.tree_top_k,
-        ),
-        f"Medusa chain k={k}": dict(speculative="medusa", num_speculative_tokens=k),
-        f"Medusa tree {args.tree_nodes}": dict(
-            speculative="medusa",
-            num_speculative_tokens=args.tree_depth,
-            speculative_tree_nodes=args.tree_nodes,
-            speculative_tree_top_k=args.tree_top_k,
-        ),
     }
-    tree = methods[f"EAGLE tree {args.tree_nodes}"]
-    methods |= {
-        "plain, AWQ INT4": dict(quantization="awq"),
-        "EAGLE tree, AWQ INT4": dict(quantization="awq", **tree),
-    }
-    head = {"eagle_head": args.eagle_head} if args.eagle_head else {}
-    engines = {
-        name: LLM(
-            device=args.device,
-            max_num_seqs=1,
-            max_model_len=1024,
-            kv_cache_memory=64 << 20,
-            **opts,
-            **(head if opts.get("speculative") == "eagle" else {}),
-        )
+
+
+def batch_one_engines(methods: dict[str, dict], device: str, kv_cache_memory: int) -> dict[str, LLM]:
+    """An engine per method (its options over the shared ones): one sequence at a time, 1024 tokens long."""
+    return {
+        name: LLM(device=device, max_num_seqs=1, max_model_len=1024, kv_cache_memory=kv_cache_memory, **opts)
         for name, opts in methods.items()
     }
-    llama_cpp = llama_cpp_generator(torch.get_num_threads())
-    if llama_cpp is not None:
-        methods["llama.cpp Q4_1 (peer)"] = {}
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    seconds = dict.fromkeys(methods, 0.0)
-    tokens = dict.fromkeys(methods, 0)
-    passes = dict.fromkeys(methods, 0)
-    verified = dict.fromkeys(methods, 0)
-    differ: dict[str, int] = {}  # method -> prompts whose output is not its plain engine's
-    print(f"{machine_name()}: {len(rows)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
-    for row in rows:
+
+
+def time_methods(
+    engines: dict[str, LLM],
+    prompts: list[str],
+    params: SamplingParams,
+    sync: Callable[[], None] = lambda: None,
+    peer: Callable[[list[int], int], list[int]] | None = None,
+) -> dict[str, dict]:
+    """Each prompt through every engine in turn (and ``peer``, llama.cpp, last): per method, its seconds,
+    tokens, target passes and tokens verified, and ``differ``, the prompts whose output is not that of its
+    plain engine (``plain, AWQ INT4`` for an AWQ method, else ``plain``; the peer is not compared)."""
+    names = [*engines, *([PEER] if peer else [])]
+    totals = {name: {"seconds": 0.0, "tokens": 0, "passes": 0, "verified": 0, "differ": 0} for name in names}
+    for prompt in prompts:
         outputs = {}
-        prompt = engines["plain"].tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}])
         for name, llm in engines.items():
+            sync()
             start = time.perf_counter()
-            out = llm.generate(prompt, params)[0]
-            seconds[name] += time.perf_counter() - start
+            out = llm.generate(prompt, params, use_tqdm=False)[0]
+            sync()
+            t = totals[name]
+            t["seconds"] += time.perf_counter() - start
+            t["tokens"] += len(out.outputs[0].token_ids)
+            t["passes"] += out.metrics.num_verify_passes
+            t["verified"] += out.metrics.num_verified_tokens
             outputs[name] = out.outputs[0].token_ids
-            tokens[name] += len(out.outputs[0].token_ids)
-            passes[name] += out.metrics.num_verify_passes
-            verified[name] += out.metrics.num_verified_tokens
-        if llama_cpp is not None:
+        if peer is not None:
             prompt_ids = engines["plain"].tokenizer.encode(prompt)
             start = time.perf_counter()
-            tokens["llama.cpp Q4_1 (peer)"] += len(llama_cpp(prompt_ids, args.max_tokens))
-            seconds["llama.cpp Q4_1 (peer)"] += time.perf_counter() - start
+            totals[PEER]["tokens"] += len(peer(prompt_ids, params.max_tokens))
+            totals[PEER]["seconds"] += time.perf_counter() - start
         for name, ids in outputs.items():
-            if ids != outputs["plain, AWQ INT4" if "AWQ" in name else "plain"]:
-                differ[name] = differ.get(name, 0) + 1
-    plain_speed = tokens["plain"] / seconds["plain"]
+            totals[name]["differ"] += ids != outputs["plain, AWQ INT4" if "AWQ" in name else "plain"]
+    for t in totals.values():
+        t["tok_s"] = t["tokens"] / t["seconds"]
+        t["tau"] = t["verified"] / t["passes"] if t["passes"] else 1.0
+    return totals
+
+
+def held_back_prompts() -> list[str]:
+    return [json.loads(line)["prompt"] for line in (SPEC_DIR / "heldout.jsonl").read_text().splitlines()]
+
+
+def chat(llm: LLM, text: str) -> str:
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__name__, __doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--max-tokens", type=int, default=96)
+    add("--prompts", type=int, default=6, help="held-back prompts to use (of 12)")
+    add("-k", "--num-speculative-tokens", type=int, default=3, help="chain length")
+    add("--tree-nodes", type=int, default=8)
+    add("--tree-depth", type=int, default=4)
+    add("--tree-top-k", type=int, default=4, help="nodes expanded per depth")
+    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add("--device", default="auto")
+    add(
+        "--offline",
+        action="store_true",
+        help="instead: teacher-forced tau of EAGLE and Medusa chains and trees on the held-back "
+        "greedy answers",
+    )
+    add("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    held_back = held_back_prompts()
+    mixed = sorted(range(len(held_back)), key=lambda i: (i % 4, i))[: args.prompts]  # mix the kinds
+    if args.offline:
+        return offline(mixed, args.eagle_head)
+    k, nodes = args.num_speculative_tokens, args.tree_nodes
+    tree = dict(
+        num_speculative_tokens=args.tree_depth,
+        speculative_tree_nodes=nodes,
+        speculative_tree_top_k=args.tree_top_k,
+    )
+    methods = chain_methods(k) | {
+        f"EAGLE tree {nodes}": dict(speculative="eagle", **tree),
+        f"Medusa chain k={k}": dict(speculative="medusa", num_speculative_tokens=k),
+        f"Medusa tree {nodes}": dict(speculative="medusa", **tree),
+        "plain, AWQ INT4": dict(quantization="awq"),
+        "EAGLE tree, AWQ INT4": dict(quantization="awq", speculative="eagle", **tree),
+    }
+    if args.eagle_head:
+        methods = {
+            n: o | {"eagle_head": args.eagle_head} if o.get("speculative") == "eagle" else o
+            for n, o in methods.items()
+        }
+    engines = batch_one_engines(methods, args.device, 64 << 20)
+    llama_cpp = llama_cpp_generator(torch.get_num_threads())
+    print(f"{machine_name()}: {len(mixed)} held-back prompts x {args.max_tokens} tokens, batch 1, greedy")
+    prompts = [chat(engines["plain"], held_back[i]) for i in mixed]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    totals = time_methods(engines, prompts, params, peer=llama_cpp)
     print(f"{'method':20s} | {'tokens/s':>8s} | {'speed-up':>8s} | {'tau':>5s}")
-    for name in methods:
-        speed = tokens[name] / seconds[name]
-        tau = verified[name] / passes[name] if passes[name] else 1.0
-        print(f"{name:20s} | {speed:8.1f} | {speed / plain_speed:7.2f}x | {tau:5.2f}")
-    print(f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
-          f">= {GOALS['speedup']}x plain decode at batch 1")  # fmt: skip
+    plain_tok_s = totals["plain"]["tok_s"]
+    for name, t in totals.items():
+        print(f"{name:20s} | {t['tok_s']:8.1f} | {t['tok_s'] / plain_tok_s:7.2f}x | {t['tau']:5.2f}")
+    print(
+        f"goals: tau >= {GOALS['tau_tree']} with trees (EAGLE-2 reports 4.5-5 on 7B chat models); "
+        f">= {GOALS['speedup']}x plain decode at batch 1"
+    )
     print(
         f"trees: depth {args.tree_depth}, top-{args.tree_top_k} expanded per depth, "
-        f"{args.tree_nodes} nodes kept; Medusa paper (Cai et al. 2024, Vicuna 7B-33B on a GPU): "
+        f"{nodes} nodes kept; Medusa paper (Cai et al. 2024, Vicuna 7B-33B on a GPU): "
         "Medusa-1 ~2.2x, Medusa-2 2.3-3.6x"
     )
     goal = f"goal: AWQ batch-1 >= {GOALS['vs_llama_cpp']}x llama.cpp Q4_1"
@@ -147,13 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             "(pip install llama-cpp-python)"
         )
     else:
-        peer = tokens["llama.cpp Q4_1 (peer)"] / seconds["llama.cpp Q4_1 (peer)"]
-        best = max((name for name in methods if "AWQ" in name), key=lambda name: tokens[name] / seconds[name])
-        print(f"{best} vs llama.cpp Q4_1: {tokens[best] / seconds[best] / peer:.2f}x ({goal})")
+        best = max((name for name in totals if "AWQ" in name), key=lambda name: totals[name]["tok_s"])
+        print(f"{best} vs llama.cpp Q4_1: {totals[best]['tok_s'] / totals[PEER]['tok_s']:.2f}x ({goal})")
+    differ = {name: t["differ"] for name, t in totals.items() if t["differ"]}
     if not differ:
         print("outputs identical to plain decoding (AWQ rows: to plain AWQ)")
     for name, count in differ.items():
-        print(f"{name}: {count} of {len(rows)} outputs DIFFER from its plain engine's")
+        print(f"{name}: {count} of {len(prompts)} outputs DIFFER from its plain engine's")
         if "AWQ" in name:  # expected: not a failure of the method, a property of reduced-precision kernels
             print(
                 "  (bfloat16 activations: a verify pass computes each position among several rows, "

@@ -6,15 +6,10 @@ machine (gloo over 127.0.0.1 on a CPU). Beside each: what a decode token costs i
 all-reduced: the embedding's and two per layer) and in weights (bytes each rank reads), and the collectives
 per step.
 
-Predicted: batch-1 decode of a model on N H200s, a bandwidth model (kernel launches left out): each step reads
+Predicted: batch-1 decode of a model on N H200s, the bandwidth model of ``bench/tp.py`` (each step reads
 ``W / N`` bytes of weights from HBM and runs ``2L + 1`` all-reduces of ``hidden`` values, each a ring over
-NVLink or PCIe, then gathers the logits::
-
-    step = W / (N HBM) + (2L + 1) (latency + 2 (N-1)/N hidden bytes / link)
-                       + latency + (N-1)/N logits bytes / link
-
-The bandwidths are the parts' specifications; the latency of one small collective is an assumption
-(``--latency-us``), printed as such: measure it on your machine (nccl-tests' ``all_reduce_perf -b 8K``).
+NVLink or PCIe, then gathers the logits), with the latency of one small collective assumed (``--latency-us``)
+and printed as such.
 """
 
 from __future__ import annotations
@@ -75,11 +70,9 @@ def measure(
 
 def print_measured(rows: list[Measured], machine: str, args: argparse.Namespace) -> None:
     print(
-        f"\nMeasured on {machine}: {args.batch} prompts of {args.prompt_tokens} tokens, "
-        f"{args.max_tokens} greedy"
-    )
-    print(
-        f"tokens each, float32, every rank a process (gloo over 127.0.0.1); medians of {args.repeats} runs.\n"
+        f"\nMeasured on {machine}: {args.batch} prompts of {args.prompt_tokens} tokens, {args.max_tokens} "
+        "greedy\ntokens each, float32, every rank a process (gloo over 127.0.0.1); medians of "
+        f"{args.repeats} runs.\n"
     )
     header = (
         f"{'model':<26}{'ranks':>6}{'tokens/s':>10}{'vs 1 rank':>11}{'ms/step':>9}{'collectives':>13}"
