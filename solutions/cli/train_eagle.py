@@ -60,24 +60,47 @@ def generate_responses(
     ]
 
 
-def _read_features_cache(path: Path | None, rows: list[dict]) -> list | None:
-    """The cached ``(ids, features, labels, prompt_len)`` of ``rows``, or None when absent or not theirs."""
-    if path is None or not path.exists():
-        return None
-    cached = torch.load(path)
-    if len(cached) != len(rows) or any(
-        ids.tolist() != r["token_ids"] or start != r["prompt_len"]
-        for (ids, _, _, start), r in zip(cached, rows)
-    ):
-        print(f"{path} holds other sequences: computing the features again")
-        return None
-    return cached
+def target_features(model, rows: list[dict], cache: Path | None) -> list:
+    """``(ids, features, labels, prompt_len)`` of each of ``rows`` through the target ``model``: read from
+    ``cache`` when it holds exactly these sequences, else computed (the slow pass) and written there."""
+    if cache is not None and cache.exists():
+        cached = torch.load(cache)
+        if len(cached) == len(rows) and all(
+            ids.tolist() == r["token_ids"] and start == r["prompt_len"]
+            for (ids, _, _, start), r in zip(cached, rows)
+        ):
+            return cached
+        print(f"{cache} holds other sequences: computing the features again")
+    every = [
+        (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]), r["prompt_len"])
+        for r in tqdm(rows, "features")
+    ]
+    if cache is not None:
+        torch.save(every, cache)
+    return every
 
 
 def _relative(path: Path) -> str:
     """A path as the command line would give it from the repository's root (no machine-specific prefix)."""
     root = REPO_DIR
     return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
+
+
+def add_run_options(parser: argparse.ArgumentParser, data_fraction: float, data_fraction_help: str) -> None:
+    """The options both drafters' training runs share: the seed, the share of the answers trained on, the
+    threads, and the cache of the target's features (the slow pass on a CPU)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-fraction", type=float, default=data_fraction, help=data_fraction_help)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--features-cache",
+        type=Path,
+        default=None,
+        help="keep the target's features here (written once, read when its sequences match): "
+        "skips the slow pass when training again",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,23 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         "--noise", type=float, default=0.2, help="uniform feature noise, times the feature std"
     )
     parser.add_argument("--unroll", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--data-fraction",
-        type=float,
-        default=1.0,
-        help="train on this share of the answers (a seeded random subset; the features pass still covers "
+    add_run_options(
+        parser,
+        1.0,
+        "train on this share of the answers (a seeded random subset; the features pass still covers "
         "them all, so --features-cache serves every share): how agreement scales with data",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
-    parser.add_argument(
-        "--features-cache",
-        type=Path,
-        default=None,
-        help="keep the target's features here (written once, read when its sequences match): "
-        "skips a slow pass",
     )
     parser.add_argument(
         "--reuse-responses",
@@ -172,16 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         heldout_path.write_text("".join(json.dumps(r) + "\n" for r in heldout_rows))
     generated_s = time.perf_counter() - started
 
-    cached = _read_features_cache(args.features_cache, train_rows + heldout_rows)
-    if cached is None:
-        every = [
-            (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]), r["prompt_len"])
-            for r in tqdm(train_rows + heldout_rows, "features")
-        ]
-        if args.features_cache is not None:
-            torch.save(every, args.features_cache)
-    else:
-        every = cached
+    every = target_features(model, train_rows + heldout_rows, args.features_cache)
     train = [(ids, feats, labels) for ids, feats, labels, _ in every[: len(train_rows)]]
     heldout = every[len(train_rows) :]
     if args.data_fraction < 1:

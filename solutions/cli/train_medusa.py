@@ -19,8 +19,7 @@ from ..kernels.blocks import cdiv
 from ..llm import LLM
 from ..speculative.eagle import SPEC_DIR, most_frequent_tokens
 from ..speculative.medusa import MEDUSA_PATH, MedusaHeads, heads_loss, save_heads
-from ..speculative.train_eagle import features_and_labels
-from .train_eagle import _read_features_cache, _relative
+from .train_eagle import _relative, add_run_options, target_features
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,23 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
     parser.add_argument("--decay", type=float, default=0.8, help="head k's loss weight: decay ** k")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--data-fraction",
-        type=float,
-        default=0.2,
-        help="train on this share of the answers (a seeded random subset): the target pass that makes their "
+    add_run_options(
+        parser,
+        0.2,
+        "train on this share of the answers (a seeded random subset): the target pass that makes their "
         "features is the slow part on a CPU (about 1 s per answer on one busy core)",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
-    parser.add_argument(
-        "--features-cache",
-        type=Path,
-        default=None,
-        help="keep the target's features here (written once, read when its sequences match): skips the slow "
-        "pass when training again",
     )
     args = parser.parse_args(argv)
     if not 0 < args.data_fraction <= 1:
@@ -73,14 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed))
     rows = [rows[i] for i in sorted(chosen[: max(1, round(args.data_fraction * len(rows)))].tolist())]
     heldout_rows = [json.loads(line) for line in args.heldout.read_text().splitlines()]
-    every = _read_features_cache(args.features_cache, rows + heldout_rows)
-    if every is None:
-        every = [
-            (torch.tensor(r["token_ids"]), *features_and_labels(model, r["token_ids"]), r["prompt_len"])
-            for r in tqdm(rows + heldout_rows, "features")
-        ]
-        if args.features_cache is not None:
-            torch.save(every, args.features_cache)
+    every = target_features(model, rows + heldout_rows, args.features_cache)
     # head training and scoring start at the position before the answer's first token
     every = [(feats, labels, prompt_len - 1) for _, feats, labels, prompt_len in every]
     train, heldout = every[: len(rows)], every[len(rows) :]
