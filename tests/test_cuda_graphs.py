@@ -220,6 +220,16 @@ def count_host_reads(monkeypatch, packages: tuple[str, ...] = ("engine",)) -> li
     return calls
 
 
+def reads_of_each_step(engine, calls: list[str], steps: int) -> list[list[str]]:
+    """Run ``steps`` engine steps; the host reads (``count_host_reads``'s ``calls``) that each one made."""
+    reads = []
+    for _ in range(steps):
+        before = len(calls)
+        engine.step()
+        reads.append(calls[before:])
+    return reads
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-graphs"])
 def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, graphs):
     """The hot path (engine/: runner, input batch, sampler, engine) converts exactly one tensor to host values
@@ -241,10 +251,8 @@ def test_a_steady_decode_step_reads_the_device_once(tiny_folder, monkeypatch, gr
     for _ in range(3):  # prefill, then warm decode steps
         engine.step()
     calls = count_host_reads(monkeypatch)
-    for _ in range(5):
-        before = len(calls)
-        engine.step()
-        assert len(calls) - before == 1, f"host reads in one decode step: {calls[before:]}"
+    for reads in reads_of_each_step(engine, calls, 5):
+        assert len(reads) == 1, f"host reads in one decode step: {reads}"
     monkeypatch.undo()
     engine.abort([g for g in list(engine.groups)])
 
@@ -270,11 +278,9 @@ def test_a_greedy_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path,
         [len(r.spec_token_ids) for r in plan.scheduled]
     ) or execute(plan, **kw)
     calls = count_host_reads(monkeypatch, ("engine", "speculative"))
-    for _ in range(5):
-        before = len(calls)
-        engine.step()
-        assert drafted[-1] == [3, 3, 3], "every request drafts a whole chain: the test proves less"
-        assert len(calls) - before == 2, f"host reads in one EAGLE step: {calls[before:]}"
+    for reads, chains in zip(reads_of_each_step(engine, calls, 5), drafted, strict=True):
+        assert chains == [3, 3, 3], "every request drafts a whole chain: the test proves less"
+        assert len(reads) == 2, f"host reads in one EAGLE step: {reads}"
     monkeypatch.undo()
     engine.abort(list(engine.groups))
 
@@ -306,11 +312,9 @@ def test_a_sampled_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path
         [len(r.spec_token_ids) for r in plan.scheduled]
     ) or execute(plan, **kw)
     calls = count_host_reads(monkeypatch, ("engine", "speculative"))
-    for _ in range(4):
-        before = len(calls)
-        engine.step()
-        assert drafted[-1] == [3, 3, 3], "every request drafts a whole chain: the test proves less"
-        assert len(calls) - before == 2, f"host reads in one sampled EAGLE step: {calls[before:]}"
+    for reads, chains in zip(reads_of_each_step(engine, calls, 4), drafted, strict=True):
+        assert chains == [3, 3, 3], "every request drafts a whole chain: the test proves less"
+        assert len(reads) == 2, f"host reads in one sampled EAGLE step: {reads}"
     monkeypatch.undo()
     engine.abort(list(engine.groups))
 

@@ -9,7 +9,7 @@ import torch
 
 from solutions.engine.logprobs import Logprob
 from solutions.sampling_params import MAX_LOGPROBS, SamplingParams
-from tests.test_cuda_graphs import count_host_reads, make_llm
+from tests.test_cuda_graphs import count_host_reads, make_llm, reads_of_each_step
 
 PROMPTS = [[1, 5, 9, 17, 33, 2, 64, 7, 7, 80, 3, 11], [4, 4, 8, 15, 16, 23, 42], [99, 1, 50]]
 
@@ -155,16 +155,12 @@ def test_logprobs_read_the_device_only_when_asked(tiny_folder, monkeypatch):
     for _ in range(2):
         engine.step()
     calls = count_host_reads(monkeypatch)
-    for _ in range(3):
-        before = len(calls)
-        engine.step()
-        assert len(calls) - before == 1, f"host reads in one decode step: {calls[before:]}"
+    for reads in reads_of_each_step(engine, calls, 3):
+        assert len(reads) == 1, f"host reads in one decode step: {reads}"
     engine.add_request([6, 7, 8], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=4))
     engine.step()
-    for _ in range(3):
-        before = len(calls)
-        engine.step()
-        assert len(calls) - before == 2, f"host reads in one decode step with logprobs: {calls[before:]}"
+    for reads in reads_of_each_step(engine, calls, 3):
+        assert len(reads) == 2, f"host reads in one decode step with logprobs: {reads}"
     monkeypatch.undo()
     engine.abort(list(engine.groups))
 
