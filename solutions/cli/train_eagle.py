@@ -103,6 +103,17 @@ def add_run_options(parser: argparse.ArgumentParser, data_fraction: float, data_
     )
 
 
+def warmup_cosine(params: list, lr: float, steps: int, warmup: int):
+    """AdamW (no weight decay) over ``params``, and its learning rate: a linear warm-up over ``warmup`` steps,
+    then a cosine from ``lr`` to 0 at ``steps``."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
+    )
+    return optimizer, schedule
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m solutions train-eagle", description=__doc__.split("\n")[0]
@@ -198,11 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     feature_std = float(torch.cat([f for _, f, _ in train]).std())
 
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     steps = args.epochs * cdiv(len(train), args.batch)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    optimizer, schedule = warmup_cosine(params, args.lr, steps, warmup=20)
     order_gen = torch.Generator().manual_seed(args.seed)
     progress = tqdm(total=steps, desc="training")
     for _ in range(args.epochs):

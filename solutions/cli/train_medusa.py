@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from ..kernels.blocks import cdiv
 from ..llm import LLM
 from ..speculative.eagle import SPEC_DIR, most_frequent_tokens
 from ..speculative.medusa import MEDUSA_PATH, MedusaHeads, heads_loss, save_heads
-from .train_eagle import _relative, add_run_options, target_features
+from .train_eagle import _relative, add_run_options, target_features, warmup_cosine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     heads = MedusaHeads(model.config, args.num_heads, ranked).attach(model)
 
     params = [heads.weight, heads.bias]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     steps = args.epochs * cdiv(len(train), args.batch)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    optimizer, schedule = warmup_cosine(params, args.lr, steps, warmup=10)
     order_gen = torch.Generator().manual_seed(args.seed)
     progress = tqdm(total=steps, desc="training")
     log = []
