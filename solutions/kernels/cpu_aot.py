@@ -29,6 +29,7 @@ import inspect
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -116,7 +117,11 @@ def _compile(fn, example_args, dynamic_shapes, path: Path, precision_casts: bool
     dynamic = (tuple(dynamic_shapes),)  # forward(*args) takes one tuple of inputs: so do its dynamic shapes
     exported = torch.export.export(_Exported(fn), tuple(example_args), dynamic_shapes=dynamic)
     partial = path.with_suffix(f".{os.getpid()}.partial.pt2")
-    torch._inductor.aoti_compile_and_package(
-        exported, package_path=str(partial), inductor_configs={"emulate_precision_casts": precision_casts}
-    )
+    with warnings.catch_warnings():
+        # torch's own packaging (torch 2.13) pickles its export's tree specs through an API it deprecates,
+        # and warns about itself on every compile: nothing a caller can change
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(partial), inductor_configs={"emulate_precision_casts": precision_casts}
+        )
     partial.replace(path)
