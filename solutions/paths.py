@@ -26,3 +26,9 @@ def cache_dir() -> Path:
 
 def kernel_cache_dir() -> Path:
     return Path(os.environ.get("FASTMODE_KERNEL_CACHE", DEFAULT_CACHE / "kernels"))
+
+
+def shown(path: Path) -> str:
+    """``path`` as a message shows it: from ``~`` under the home folder (the same on every machine)."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)

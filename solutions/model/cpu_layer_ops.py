@@ -36,7 +36,7 @@ from torch.export import Dim
 
 from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path, require_compiler
 from ..kernels.cpu_linear import PREFILL_ROWS, REGIMES, cached_decisions, fastest_rounds, machine_key
-from ..paths import cache_dir, kernel_cache_dir
+from ..paths import cache_dir, kernel_cache_dir, shown
 from .llama import PLAIN_OPS, LayerOps, add_rms_norm, apply_rope, rms_norm, silu_mul
 
 log = logging.getLogger("fastmode")
@@ -130,7 +130,7 @@ def compiled_chains(dtype: torch.dtype) -> dict[str, Runner]:
                 require_compiler()
                 log.warning(
                     "fused CPU ops: compiling %d chains for %s (once per machine, minutes; kept in %s)",
-                    len(missing), dtype, missing[0].parent,
+                    len(missing), dtype, shown(missing[0].parent),
                 )  # fmt: skip
             _compiled[paths] = {name: compile_function(*library) for name, library in libraries.items()}
         except CompileFailed as error:
