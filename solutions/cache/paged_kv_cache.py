@@ -15,9 +15,11 @@ is the ``KVCacheManager``'s business; this file only holds the bytes and reads/w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..kernels.attention_backend import resolve_backend
@@ -42,8 +44,8 @@ class PagedKVCache:
     ):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, torch.device(device))
+        self.v = _zeros(shape, dtype, torch.device(device))
 
     @staticmethod
     def bytes_per_block(
@@ -62,6 +64,16 @@ class PagedKVCache:
         )
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros that, on a CPU, take memory only where they are written. ``torch.zeros`` writes every byte, so a
+    1 GiB cache would be resident from the start; ``calloc`` (numpy's zeros) maps zero pages that the OS
+    backs only when a block is first stored into, as a GPU cache's size is reserved, not used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = dtype.itemsize * math.prod(shape)
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 @dataclass
