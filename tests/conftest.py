@@ -14,8 +14,11 @@ before any kernel module is imported, so it is set here, first. Markers (registe
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import importlib
 import os
+import sys
 
 import pytest
 import torch
@@ -136,3 +139,42 @@ def hf_oracle(bundled_model):
 def tiny_folder(tmp_path_factory):
     """``tiny_models.TINY_LLAMA``'s folder, written once per test process (tests only read it)."""
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+COLLECT_ABOVE_BYTES = 3 << 30
+
+
+def _resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's fixtures are torn down, hand the memory they held back to the OS: at the end of every
+    test file, and after any test that leaves this process above ``COLLECT_ABOVE_BYTES`` (a parametrized
+    module fixture's engine, say, is dropped when the next parameter's is built).
+
+    Engines hold reference cycles, so they go only when the cycle collector runs; and glibc keeps freed heap
+    pages for reuse. Without both, a worker that ran a few model-loading files would hold all of their peaks
+    at once."""
+    result = yield
+    if _LIBC is not None and (
+        nextitem is None or nextitem.path != item.path or _resident_bytes() > COLLECT_ABOVE_BYTES
+    ):
+        gc.collect()
+        _LIBC.malloc_trim(0)
+    return result
+
+
+_MEMLOG = os.environ.get("FASTMODE_MEMLOG")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    """With FASTMODE_MEMLOG=<file>, append this process's resident memory after every test (finding the tests
+    that hold memory: ``tools/peak_memory.py`` measures the whole tree, this says which test grew it)."""
+    if _MEMLOG:
+        rss_gb = _resident_bytes() / 1e9
+        with open(_MEMLOG, "a") as log:
+            log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {rss_gb:.2f} {nodeid}\n")
