@@ -11,10 +11,13 @@ TIER ?= 1
 JUPYTER_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 # On a machine with a GPU the suite compiles the kernels and skips the tests that only the Triton interpreter
 # can run; those then run in a CPU process of their own (no GPU visible, the interpreter on).
+# A worker that dies (killed for memory, say) fails the run at once, naming the test it was running; by default
+# xdist would start another and, with --dist loadfile, can then wait forever on the dead one's file.
+XDIST_FLAGS := --max-worker-restart=0
 INTERPRETER_TESTS := if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
-	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile -m interpreter; fi
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile $(XDIST_FLAGS) -m interpreter; fi
 
-.PHONY: setup lab test check grade hint labs demo bench lint
+.PHONY: setup lab test suite check grade hint labs demo bench lint
 
 setup: $(STAMP)
 
@@ -32,16 +35,20 @@ lab: setup  ## open JupyterLab on the course, labs/ beside the notebooks (prints
 	$(VENV)/bin/jupyter lab $(JUPYTER_FLAGS) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_tour.ipynb
 
 test: setup  ## the whole suite: lint, labs in sync, unit and oracle tests (two workers, one thread each), every notebook
+	@$(PY) tools/peak_memory.py --limit-gb 12 -- $(MAKE) --no-print-directory suite
+
+# What `make test` runs, its peak memory (the whole process tree) measured around it.
+suite:
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile -rs
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile $(XDIST_FLAGS) -rs
 	$(INTERPRETER_TESTS)
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
 check: setup  ## the learner's whole suite: as `make test`, but labs/ may hold your filled-in holes
 	$(VENV)/bin/ruff check .
 	$(PY) tools/make_labs.py --check --allow-filled
-	FASTMODE_ALLOW_FILLED_LABS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile
+	FASTMODE_ALLOW_FILLED_LABS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/ -q -n 2 --dist loadfile $(XDIST_FLAGS)
 	export FASTMODE_ALLOW_FILLED_LABS=1; $(INTERPRETER_TESTS)
 	$(PY) -m pytest --nbval-lax notebooks/ -q
 
