@@ -82,6 +82,17 @@ class Throughput:
         return (self.prompt_tokens + self.output_tokens) / self.wall_s
 
 
+def workload_params(workload: Workload, **sampling) -> list[SamplingParams]:
+    """Each request's parameters: exactly its output length (EOS ignored), greedy unless ``sampling`` gives
+    other ``SamplingParams`` fields (request ``i`` is then seeded ``i``)."""
+    return [
+        SamplingParams(
+            max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
+        )
+        for i, n in enumerate(workload.output_lens)
+    ]
+
+
 def run_engine(
     llm: LLM,
     workload: Workload,
@@ -89,14 +100,9 @@ def run_engine(
     sync: Callable[[], None] = lambda: None,
     **sampling,
 ) -> Throughput:
-    """Greedy unless ``sampling`` gives other ``SamplingParams`` fields (request ``i`` is then seeded ``i``);
-    ``sync`` waits for the device at both ends of the timing."""
-    params = [
-        SamplingParams(
-            max_tokens=n, ignore_eos=True, **({"seed": i, **sampling} if sampling else {"temperature": 0})
-        )
-        for i, n in enumerate(workload.output_lens)
-    ]
+    """``workload`` through ``llm.generate`` with ``workload_params(workload, **sampling)``; ``sync`` waits
+    for the device at both ends of the timing."""
+    params = workload_params(workload, **sampling)
     sync()
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)

@@ -12,6 +12,11 @@ windows of real text; EOS ignored so every request produces exactly its length) 
 
 Beside them, the machine's compute ceiling measured in the same run: the model's own matrix products at a
 large batch, in FLOP/s, turned into the tokens/s a forward pass could reach if it did nothing else.
+
+``--split`` then runs the workload once more with every part of every step timed (``bench/step_split.py``'s
+``batched_split``) and prints where the wall time went: by kind of step (prompt chunks only, mixed, decodes
+only), and within each kind matrix products, attention, elementwise chains, the sampler and the rest (Python,
+scheduling, building the step's inputs).
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ from __future__ import annotations
 import torch
 
 from ...bench.decode import load_hf_model
-from ...bench.throughput import compute_ceiling_tokens_per_s, make_workload, run_engine, run_hf_static
+from ...bench.step_split import SPLIT, STEP_KINDS, batched_split
+from ...bench.throughput import (
+    Throughput,
+    compute_ceiling_tokens_per_s,
+    make_workload,
+    run_engine,
+    run_hf_static,
+    workload_params,
+)
 from ...llm import LLM
 from . import bench_parser
 
@@ -32,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
     add("--seed", type=int, default=0)
     add("--no-hf", action="store_true", help="skip the Hugging Face baseline")
+    add("--split", action="store_true", help="then time every part of every step, by kind of step")
     args = parser.parse_args(argv)
 
     llm = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
@@ -66,4 +80,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  >= 4x HF static batching:  {speedup(2):.1f}x")
     share = ours.total_tokens_per_s / ceiling
     print(f"  >= 50% of compute ceiling: {share:.0%} (total tokens/s over the ceiling)")
+    if args.split:
+        timed = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+        print_split(batched_split(timed, workload.prompts, workload_params(workload)), ours)
     return 0
+
+
+def print_split(split: dict, untimed: Throughput) -> None:
+    """Seconds by kind of step and by part, each part's share of its kind, beside the untimed run's wall."""
+    total = sum(k.total_s for k in split.values())
+    parts = [p for p in SPLIT if any(k.seconds.get(p) for k in split.values())]
+    print(
+        f"\nwhere the wall time goes (every step timed: {total:.1f} s, untimed {untimed.wall_s:.1f} s)\n"
+        f"{'kind of step':<14}{'steps':>6}{'tokens':>8}{'s':>7}{'ms/step':>9}"
+        + "".join(f"{p:>17}" for p in parts)
+    )
+    for kind in STEP_KINDS:
+        k = split[kind]
+        if not k.steps:
+            continue
+        shares = "".join(f"{k.seconds[p]:>10.2f} s {k.seconds[p] / k.total_s:>4.0%}" for p in parts)
+        step_ms = 1e3 * k.total_s / k.steps
+        print(f"{kind:<14}{k.steps:>6}{k.tokens:>8}{k.total_s:>7.1f}{step_ms:>9.1f}{shares}")
