@@ -13,6 +13,11 @@ windows of real text; EOS ignored so every request produces exactly its length) 
 Beside them, the machine's compute ceiling measured in the same run: the model's own matrix products at a
 large batch, in FLOP/s, turned into the tokens/s a forward pass could reach if it did nothing else.
 
+``--peer vllm`` then alternates ``--rounds`` passes of the workload through our engine and through vLLM
+for CPU (its own venv: ``FASTMODE_VLLM_PYTHON``, see ``bench/vllm_peer.py``) fed the identical token ids,
+prefix caching off in both, and prints each round's tokens/s and the ratio's median and range. ``--dtype``
+picks the weights' type of our engine and the peer (float32 by default; bfloat16).
+
 ``--split`` then runs the workload once more with every part of every step timed (``bench/step_split.py``'s
 ``batched_split``) and prints where the wall time went: by kind of step (prompt chunks only, mixed, decodes
 only), and within each kind matrix products, attention, elementwise chains, the sampler and the rest (Python,
@@ -20,6 +25,9 @@ scheduling, building the step's inputs).
 """
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 
@@ -33,6 +41,7 @@ from ...bench.throughput import (
     run_hf_static,
     workload_params,
 )
+from ...bench.vllm_peer import VllmPeer
 from ...llm import LLM
 from . import bench_parser
 
@@ -46,28 +55,32 @@ def main(argv: list[str] | None = None) -> int:
     add("--seed", type=int, default=0)
     add("--no-hf", action="store_true", help="skip the Hugging Face baseline")
     add("--split", action="store_true", help="then time every part of every step, by kind of step")
+    add("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' type (default float32)")
+    add("--peer", choices=["vllm"], default=None, help="alternate rounds against vLLM for CPU (its own venv)")
+    add("--rounds", type=int, default=3, help="alternated rounds against the peer (default 3)")
     args = parser.parse_args(argv)
+    engine_args = dict(device="cpu", dtype=args.dtype, max_model_len=1024)
 
-    llm = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    llm = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
     workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
     print(f"workload: {args.num_requests} requests, {workload.num_prompt_tokens} prompt tokens, "
           f"{workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
     results = [run_engine(llm, workload)]
-    one = LLM(device="cpu", dtype="float32", max_num_seqs=1, max_model_len=1024)
+    one = LLM(max_num_seqs=1, **engine_args)
     results.append(run_engine(one, workload, "same engine, max_num_seqs=1"))
     if not args.no_hf:
         hf = load_hf_model()
         results.append(run_hf_static(hf, workload, args.hf_batch, pad_id=llm.tokenizer.eos_token_id or 0))
     # The price of sampling: the same batch drawing every token from its top-p set instead of taking the
     # argmax. A fresh engine: the first one's prefix cache holds every prompt by now.
-    fresh = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    fresh = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
     results.append(
         run_engine(fresh, workload, "same engine, sampled T 0.8 top-p 0.95", temperature=0.8, top_p=0.95)
     )
     flops, ceiling = compute_ceiling_tokens_per_s(llm.engine.model)
     ours = results[0]
     print(
-        f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, float32 weights\n"
+        f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}, {args.dtype} weights\n"
         f"compute ceiling: the model's matmuls at batch 512 run at {flops / 1e9:.1f} GFLOP/s = {ceiling:.0f} "
         f"tokens/s\n{'':<40}{'wall s':>8}{'out tok/s':>11}{'total tok/s':>13}{'ours is':>9}"
     )
@@ -80,10 +93,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  >= 4x HF static batching:  {speedup(2):.1f}x")
     share = ours.total_tokens_per_s / ceiling
     print(f"  >= 50% of compute ceiling: {share:.0%} (total tokens/s over the ceiling)")
+    if args.peer:
+        compare_with_vllm(workload, args, engine_args)
     if args.split:
-        timed = LLM(device="cpu", dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=1024)
+        timed = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
         print_split(batched_split(timed, workload.prompts, workload_params(workload)), ours)
     return 0
+
+
+def compare_with_vllm(workload, args, engine_args: dict) -> None:
+    """``args.rounds`` alternated passes of ``workload``, ours then vLLM's, both without prefix caching:
+    each round's output tokens/s, the ratio's median and range, and how many requests began alike."""
+    peer = VllmPeer.start(workload, args.dtype, args.max_num_seqs, torch.get_num_threads())
+    ours_llm = LLM(max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, **engine_args)
+    params = workload_params(workload)
+    rows = []
+    try:
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            outputs = ours_llm.generate(workload.prompts, params, use_tqdm=False)
+            ours_tok_s = workload.num_output_tokens / (time.perf_counter() - start)
+            theirs, their_first = peer.run()
+            rows.append((ours_tok_s, theirs.output_tokens_per_s))
+    finally:
+        peer.stop()
+    same = sum(list(o.outputs[0].token_ids[:8]) == t for o, t in zip(outputs, their_first))
+    ratios = sorted(o / t for o, t in rows)
+    print(f"\nagainst {peer.name}: {args.rounds} alternated rounds, prefix caching off in both, output tok/s")
+    for i, (o, t) in enumerate(rows):
+        print(f"  round {i + 1}: ours {o:7.1f}   vLLM {t:7.1f}   ours/vLLM {o / t:.2f}x")
+    print(
+        f"  ours/vLLM: median {statistics.median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
+        f"(goal >= 1.2x); first 8 greedy tokens equal on {same} of {len(outputs)} requests"
+    )
 
 
 def print_split(split: dict, untimed: Throughput) -> None:
