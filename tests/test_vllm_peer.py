@@ -91,3 +91,14 @@ def test_without_vllm_the_error_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv(vllm_peer.VLLM_PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         vllm_peer.vllm_python()
+
+
+@pytest.mark.needs_model
+def test_bench_throughput_alternates_rounds_against_the_peer(fake_vllm, capsys):
+    from solutions.cli.bench import throughput
+
+    argv = ["--num-requests", "2", "--max-num-seqs", "2", "--peer", "vllm", "--peer-only", "--rounds", "2"]
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "round 1: ours" in out and "round 2: ours" in out and "ours/vLLM: median" in out
+    assert "first 8 greedy tokens equal on 0 of 2 requests" in out  # the stand-in repeats the first prompt id

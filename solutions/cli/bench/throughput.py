@@ -58,13 +58,36 @@ def main(argv: list[str] | None = None) -> int:
     add("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' type (default float32)")
     add("--peer", choices=["vllm"], default=None, help="alternate rounds against vLLM for CPU (its own venv)")
     add("--rounds", type=int, default=3, help="alternated rounds against the peer (default 3)")
+    add("--peer-only", action="store_true", help="with --peer: only our engine against the peer")
+    add(
+        "--workload", default="text", choices=["text", "nano"],
+        help="text: windows of real text, prompts 16-512, outputs 16-256 (default); nano: nano-vllm's shape "
+        "scaled down (random ids, prompts 100-768, outputs 32-128; give --num-requests 128)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.peer_only and not args.peer:
+        parser.error("--peer-only needs --peer vllm")
     engine_args = dict(device="cpu", dtype=args.dtype, max_model_len=1024)
 
     llm = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
-    workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
-    print(f"workload: {args.num_requests} requests, {workload.num_prompt_tokens} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
+    if args.workload == "nano":  # nano-vllm's benchmark, scaled to minutes on 2 cores: random ids below 10k
+        workload = make_workload(None, args.num_requests, (100, 768), (32, 128), seed=args.seed)
+    else:
+        workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
+    print(f"workload: {args.workload}, {args.num_requests} requests, {workload.num_prompt_tokens} prompt "
+          f"tokens, {workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
+    ours = None if args.peer_only else compare_rows(llm, workload, args, engine_args)
+    if args.peer:
+        compare_with_vllm(workload, args, engine_args)
+    if args.split:
+        timed = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
+        print_split(batched_split(timed, workload.prompts, workload_params(workload)), ours)
+    return 0
+
+
+def compare_rows(llm: LLM, workload, args, engine_args: dict) -> Throughput:
+    """The table: our engine, one request at a time, HF static batches, sampled; the compute ceiling and the
+    goals. Returns our engine's row."""
     results = [run_engine(llm, workload)]
     one = LLM(max_num_seqs=1, **engine_args)
     results.append(run_engine(one, workload, "same engine, max_num_seqs=1"))
@@ -93,12 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  >= 4x HF static batching:  {speedup(2):.1f}x")
     share = ours.total_tokens_per_s / ceiling
     print(f"  >= 50% of compute ceiling: {share:.0%} (total tokens/s over the ceiling)")
-    if args.peer:
-        compare_with_vllm(workload, args, engine_args)
-    if args.split:
-        timed = LLM(max_num_seqs=args.max_num_seqs, **engine_args)
-        print_split(batched_split(timed, workload.prompts, workload_params(workload)), ours)
-    return 0
+    return ours
 
 
 def compare_with_vllm(workload, args, engine_args: dict) -> None:
@@ -128,12 +146,14 @@ def compare_with_vllm(workload, args, engine_args: dict) -> None:
     )
 
 
-def print_split(split: dict, untimed: Throughput) -> None:
-    """Seconds by kind of step and by part, each part's share of its kind, beside the untimed run's wall."""
+def print_split(split: dict, untimed: Throughput | None) -> None:
+    """Seconds by kind of step and by part, each part's share of its kind, beside the untimed run's wall
+    (when the table ran)."""
     total = sum(k.total_s for k in split.values())
+    beside = "" if untimed is None else f", untimed {untimed.wall_s:.1f} s"
     parts = [p for p in SPLIT if any(k.seconds.get(p) for k in split.values())]
     print(
-        f"\nwhere the wall time goes (every step timed: {total:.1f} s, untimed {untimed.wall_s:.1f} s)\n"
+        f"\nwhere the wall time goes (every step timed: {total:.1f} s{beside})\n"
         f"{'kind of step':<14}{'steps':>6}{'tokens':>8}{'s':>7}{'ms/step':>9}"
         + "".join(f"{p:>17}" for p in parts)
     )
