@@ -185,7 +185,14 @@ def header(n: int) -> str:
 
 
 def write(rows: list[dict], w_bit: int, held_out_tokens: int, path: Path = RESULTS_FILE) -> None:
-    """The table as JSON, with the machine, the command and the settings that produced it."""
+    """The table as JSON, with the machine, the command and the settings that produced it. Rows of a run of
+    some variants (``--variants``) replace the file's rows of the same label, kept in ``VARIANTS``' order.
+    """
+    order = {variant.label: i for i, variant in enumerate(VARIANTS)}
+    kept = json.loads(path.read_text())["rows"] if path.exists() else []
+    merged = {row["label"]: row for row in kept if row["label"] in order} | {
+        row["label"]: row for row in rows
+    }
     record = {
         "command": "python -m solutions calibrate-awq --ablation",
         "machine": machine_name("cpu"),
@@ -194,7 +201,7 @@ def write(rows: list[dict], w_bit: int, held_out_tokens: int, path: Path = RESUL
         "held_out": HELD_OUT,
         "held_out_tokens": held_out_tokens,
         "calibration_sets": CALIBRATION_SETS,
-        "rows": rows,
+        "rows": sorted(merged.values(), key=lambda row: order[row["label"]]),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -30,9 +30,8 @@ def ablation(args, model, tokenizer) -> int:
     rows = awq_ablation.run(
         model, tokenizer, chosen, args.w_bit, args.held_out_tokens, log=lambda line: print(line, flush=True)
     )
-    if args.variants is None:
-        awq_ablation.write(rows, args.w_bit, args.held_out_tokens)
-        print(f"wrote {awq_ablation.RESULTS_FILE}")
+    awq_ablation.write(rows, args.w_bit, args.held_out_tokens)
+    print(f"wrote {awq_ablation.RESULTS_FILE}")
     return 0
 
 
@@ -58,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="score each variant of the recipe (accuracy, held-out perplexity) instead of writing scales",
     )
-    parser.add_argument("--variants", default=None, help="--ablation: only these rows (numbers, comma-sep.)")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="--ablation: only these rows (numbers, comma-separated; merged into the results file)",
+    )
     parser.add_argument("--held-out-tokens", type=int, default=2048, help="--ablation: tokens of each text")
     args = parser.parse_args(argv)
     try:
