@@ -11,7 +11,7 @@ import torch
 from tiny_models import random_llama
 
 from solutions.model.config import ModelConfig
-from solutions.quant.calibrate import Recipe, capture_inputs, search_params
+from solutions.quant.calibrate import Recipe, calibration_ids, capture_inputs, search_params
 from solutions.quant.model import apply_awq_scales
 
 TINY = ModelConfig(
@@ -94,3 +94,16 @@ def test_the_cache_returns_the_same_params_and_the_folded_scales_keep_the_functi
 def test_a_bad_recipe_names_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Recipe(**kwargs)
+
+
+def test_calibration_ids_take_an_equal_share_of_each_text(tmp_path):
+    class Letters:  # one token per character
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("abcdef")
+    b.write_text("xyz")
+    assert calibration_ids(Letters(), [a, b], 6).tolist() == [ord(c) for c in "abcxyz"]
+    with pytest.raises(ValueError, match="b.txt has only 3 tokens, 4 asked for"):
+        calibration_ids(Letters(), [a, b], 8)

@@ -24,7 +24,7 @@ from ..eval.items import load_items
 from ..eval.scoring import encode_item, paired_difference, score
 from ..model.llama import LlamaModel
 from ..paths import DATA_DIR, REPO_DIR
-from ..quant.calibrate import Recipe, capture_inputs, search_params
+from ..quant.calibrate import Recipe, calibration_ids, capture_inputs, search_params
 from ..quant.model import quantize_model
 from ..quant.perplexity import perplexity
 
@@ -42,7 +42,8 @@ RESULTS_FILE = REPO_DIR / "results" / "awq_ablation.json"
 
 @dataclass(frozen=True)
 class Variant:
-    """One row: ``method`` "float32", "rtn" or "awq"; AWQ's calibration set, token count and recipe."""
+    """One row: ``method`` "float32", "rtn" or "awq"; AWQ's calibration set, token count, window (tokens
+    each calibration sequence holds, from position 0) and recipe."""
 
     label: str
     method: str
@@ -50,6 +51,7 @@ class Variant:
     tokens: int = 2048
     recipe: Recipe = field(default_factory=Recipe)
     group_size: int = 64
+    window: int = 512
 
 
 TODAY = Recipe(pairs=("qkv", "gate_up", "down"), duo_scaling=False, clip="all", clip_lm_head=True)
@@ -75,22 +77,10 @@ VARIANTS = [
     Variant("4096 tokens", "awq", tokens=4096, recipe=TODAY),
     Variant("RTN g32", "rtn", group_size=32),
     Variant("AWQ g32", "awq", recipe=TODAY, group_size=32),
+    Variant("windows of 64 tokens", "awq", recipe=TODAY, window=64),
 ]
 """The ablation, each AWQ row one change from "AWQ as before" (chat+code, 2048 tokens, INT4 g64). Group size
 128 cannot tile SmolLM2's 576 hidden features (576 = 4.5 x 128), so g32 is the other group size."""
-
-
-def calibration_ids(tokenizer, calibration: str, tokens: int) -> torch.Tensor:
-    """The first ``tokens`` tokens of the set's text, or half of them from each of its two texts."""
-    files = CALIBRATION_SETS[calibration]
-    share = tokens // len(files)
-    ids = []
-    for name in files:
-        text_ids = tokenizer.encode((TEXT_DIR / name).read_text())[:share]
-        if len(text_ids) < share:
-            raise ValueError(f"{name} has only {len(text_ids)} tokens, {share} asked for")
-        ids += text_ids
-    return torch.tensor(ids)
 
 
 def run(
@@ -133,6 +123,7 @@ def run(
             "group_size": variant.group_size,
             "calibration": variant.calibration if variant.method == "awq" else None,
             "tokens": variant.tokens if variant.method == "awq" else None,
+            "window": variant.window if variant.method == "awq" else None,
             "recipe": asdict(variant.recipe) if variant.method == "awq" else None,
             "accuracy": scored.accuracy,
             "correct": scored.correct.tolist(),

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -14,7 +13,14 @@ from ..eval.items import load_items
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
 from ..quant.awq import CLIP_GRID, CLIP_MAX_SHRINK, awq_params_path
-from ..quant.calibrate import CALIBRATION_TEXT, CLIP_MODES, SCALED_PAIRS, Recipe, calibrate
+from ..quant.calibrate import (
+    CALIBRATION_TEXT,
+    CLIP_MODES,
+    SCALED_PAIRS,
+    Recipe,
+    calibrate,
+    calibration_ids,
+)
 from . import awq_ablation
 
 
@@ -44,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--w-bit", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--calibration", type=Path, default=CALIBRATION_TEXT, help="a UTF-8 text file")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        nargs="+",
+        default=[CALIBRATION_TEXT],
+        help="UTF-8 text files; each gives an equal share of the tokens",
+    )
     parser.add_argument("--tokens", type=int, default=2048, help="calibration tokens (windows of 512)")
     parser.add_argument(
         "--pairs", default=",".join(SCALED_PAIRS), help=f"scaled pairs, comma-separated, of {SCALED_PAIRS}"
@@ -78,16 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     model = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
     if args.ablation:
         return ablation(args, model, weights.tokenizer)
-    ids = torch.tensor(weights.tokenizer.encode(args.calibration.read_text())[: args.tokens])
-    if len(ids) < args.tokens:
-        print(f"note: {args.calibration} has only {len(ids)} tokens; calibrating on those", file=sys.stderr)
+    try:
+        ids = calibration_ids(weights.tokenizer, args.calibration, args.tokens)
+    except ValueError as error:
+        parser.error(str(error))
     params = calibrate(model, ids, args.w_bit, args.group_size, recipe=recipe)
     path = awq_params_path(weights.source.stem, args.w_bit, args.group_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {
         "w_bit": str(args.w_bit),
         "group_size": str(args.group_size),
-        "calibration": f"{args.calibration.name}, first {len(ids)} tokens",
+        "calibration": " + ".join(
+            f"{path.name}, first {len(ids) // len(args.calibration)} tokens" for path in args.calibration
+        ),
         "clip_ratios": f"1 - {CLIP_MAX_SHRINK} * clip / {CLIP_GRID}",
         "recipe": repr(recipe),
     }

@@ -61,6 +61,20 @@ class Recipe:
             raise ValueError(f"clip_tokens must be at least 1, got {self.clip_tokens}")
 
 
+def calibration_ids(tokenizer, paths: list[Path], tokens: int) -> torch.Tensor:
+    """The first ``tokens // len(paths)`` tokens of each text (``tokenizer.encode``), in order; a text shorter
+    than its share is a ValueError naming it."""
+    if not paths:
+        raise ValueError("calibration needs at least one text")
+    share, ids = tokens // len(paths), []
+    for path in paths:
+        text_ids = tokenizer.encode(Path(path).read_text())[:share]
+        if len(text_ids) < share:
+            raise ValueError(f"{path} has only {len(text_ids)} tokens, {share} asked for")
+        ids += text_ids
+    return torch.tensor(ids)
+
+
 def _attention_block(
     attn, cos: torch.Tensor, sin: torch.Tensor, window: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
