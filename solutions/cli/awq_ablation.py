@@ -24,6 +24,7 @@ from ..eval.items import load_items
 from ..eval.scoring import encode_item, paired_difference, score
 from ..model.llama import LlamaModel
 from ..paths import DATA_DIR, REPO_DIR
+from ..quant.awq import load_awq_params
 from ..quant.calibrate import Recipe, calibration_ids, capture_inputs, search_params
 from ..quant.model import quantize_model
 from ..quant.perplexity import perplexity
@@ -42,8 +43,8 @@ RESULTS_FILE = REPO_DIR / "results" / "awq_ablation.json"
 
 @dataclass(frozen=True)
 class Variant:
-    """One row: ``method`` "float32", "rtn" or "awq"; AWQ's calibration set, token count, window (tokens
-    each calibration sequence holds, from position 0) and recipe."""
+    """One row: ``method`` "float32", "rtn", "awq" (calibrated here) or "shipped" (the file in ``data/awq/``);
+    AWQ's calibration set, token count and recipe."""
 
     label: str
     method: str
@@ -51,7 +52,6 @@ class Variant:
     tokens: int = 2048
     recipe: Recipe = field(default_factory=Recipe)
     group_size: int = 64
-    window: int = 512
 
 
 TODAY = Recipe(pairs=("qkv", "gate_up", "down"), duo_scaling=False, clip="all", clip_lm_head=True)
@@ -77,17 +77,26 @@ VARIANTS = [
     Variant("4096 tokens", "awq", tokens=4096, recipe=TODAY),
     Variant("RTN g32", "rtn", group_size=32),
     Variant("AWQ g32", "awq", recipe=TODAY, group_size=32),
-    Variant("windows of 64 tokens", "awq", recipe=TODAY, window=64),
+    Variant("shipped file (data/awq)", "shipped"),
 ]
-"""The ablation, each AWQ row one change from "AWQ as before" (chat+code, 2048 tokens, INT4 g64). Group size
-128 cannot tile SmolLM2's 576 hidden features (576 = 4.5 x 128), so g32 is the other group size."""
+"""The ablation: each AWQ row one change from "AWQ as before" (chat+code, 2048 tokens, INT4 g64), then the
+shipped file, the recipe that combines what the single changes found (``quant.calibrate.Recipe``'s defaults).
+Group size 128 cannot tile SmolLM2's 576 hidden
+features (576 = 4.5 x 128), so g32 is the other group size."""
 
 
 def run(
-    model: LlamaModel, tokenizer, variants: list[Variant], w_bit: int, held_out_tokens: int, log=print
+    model: LlamaModel,
+    model_name: str,
+    tokenizer,
+    variants: list[Variant],
+    w_bit: int,
+    held_out_tokens: int,
+    log=print,
 ) -> list[dict]:
     """One record per variant (accuracy, paired difference to float32, perplexities, gap to RTN's), in
-    order. ``variants`` must start with float32; a gap ratio needs RTN at the variant's group size before it.
+    order; ``model_name`` (the weights file's stem) finds the shipped AWQ file. ``variants`` must start with
+    float32; a gap ratio needs RTN at the variant's group size before it.
     """
     if not variants or variants[0].method != "float32":
         raise ValueError("the ablation's first variant must be float32: every row is compared with it")
@@ -113,6 +122,10 @@ def run(
                 model, inputs, w_bit, variant.group_size, recipe=variant.recipe, cache=cache
             )
             quantize_model(net, "awq", w_bit, variant.group_size, params)
+        elif variant.method == "shipped":
+            quantize_model(
+                net, "awq", w_bit, variant.group_size, load_awq_params(model_name, w_bit, variant.group_size)
+            )
         elif variant.method == "rtn":
             quantize_model(net, "rtn", w_bit, variant.group_size)
         scored = score(net, encoded, answers)
@@ -123,7 +136,6 @@ def run(
             "group_size": variant.group_size,
             "calibration": variant.calibration if variant.method == "awq" else None,
             "tokens": variant.tokens if variant.method == "awq" else None,
-            "window": variant.window if variant.method == "awq" else None,
             "recipe": asdict(variant.recipe) if variant.method == "awq" else None,
             "accuracy": scored.accuracy,
             "correct": scored.correct.tolist(),

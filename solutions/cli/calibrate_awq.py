@@ -24,7 +24,7 @@ from ..quant.calibrate import (
 from . import awq_ablation
 
 
-def ablation(args, model, tokenizer) -> int:
+def ablation(args, model, model_name, tokenizer) -> int:
     chosen = awq_ablation.VARIANTS
     if args.variants:
         wanted = {int(i) for i in args.variants.split(",")}
@@ -34,7 +34,13 @@ def ablation(args, model, tokenizer) -> int:
         chosen = [v for i, v in enumerate(chosen) if i == 0 or i in wanted]  # float32 always first
     print(awq_ablation.header(len(load_items())), flush=True)
     rows = awq_ablation.run(
-        model, tokenizer, chosen, args.w_bit, args.held_out_tokens, log=lambda line: print(line, flush=True)
+        model,
+        model_name,
+        tokenizer,
+        chosen,
+        args.w_bit,
+        args.held_out_tokens,
+        log=lambda line: print(line, flush=True),
     )
     awq_ablation.write(rows, args.w_bit, args.held_out_tokens)
     print(f"wrote {awq_ablation.RESULTS_FILE}")
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = load_weights(args.model)
     model = LlamaModel.from_state_dict(weights.config, weights.state_dict, "cpu", torch.float32)
     if args.ablation:
-        return ablation(args, model, weights.tokenizer)
+        return ablation(args, model, weights.source.stem, weights.tokenizer)
     try:
         ids = calibration_ids(weights.tokenizer, args.calibration, args.tokens)
     except ValueError as error:

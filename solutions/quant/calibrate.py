@@ -27,7 +27,7 @@ from ..model.llama import LlamaModel, apply_rope
 from .awq import DATA_DIR, search_clip, search_scale
 from .model import layer_linears
 
-CALIBRATION_TEXT: Path = DATA_DIR / "text" / "kjv_genesis_1-15.txt"
+CALIBRATION_TEXT: Path = DATA_DIR / "text" / "awq_calibration_mix.txt"
 SCALED_PAIRS = ("qkv", "gate_up", "down")
 CLIP_MODES = ("all", "no_qk", "none")
 
@@ -43,11 +43,14 @@ class Recipe:
     an output MSE does not see, as AutoAWQ; "none"). ``clip_lm_head``: search the tied LM head's clip too
     (the clip then also applies to the embedding lookups). ``clip_tokens``: at most this many calibration
     tokens, evenly spaced, for the clip searches (llm-awq uses 512).
+
+    The defaults are the recipe of the shipped scales, the one the ablation supports (``data/awq/README.md``):
+    every pair scaled, no clipping in the decoder layers, the LM head clipped.
     """
 
     pairs: tuple[str, ...] = SCALED_PAIRS
     duo_scaling: bool = False
-    clip: str = "all"
+    clip: str = "none"
     clip_lm_head: bool = True
     clip_tokens: int = 1024
 
