@@ -44,8 +44,8 @@ class Recipe:
     (the clip then also applies to the embedding lookups). ``clip_tokens``: at most this many calibration
     tokens, evenly spaced, for the clip searches (llm-awq uses 512).
 
-    The defaults are the recipe of the shipped scales, the one the ablation supports (``data/awq/README.md``):
-    every pair scaled, no clipping in the decoder layers, the LM head clipped.
+    The defaults are the recipe the ablation supports (``data/awq/README.md``, which says whether the shipped
+    files use it yet): every pair scaled, no clipping in the decoder layers, the LM head clipped.
     """
 
     pairs: tuple[str, ...] = SCALED_PAIRS
