@@ -5,20 +5,25 @@ Calibration (``awq_calibration_mix.txt``), three genres interleaved by paragraph
   - SmolLM2-135M-Instruct's own greedy chat replies (this engine, float32) to ``CHAT_PROMPTS``;
   - docstrings of CPython 3.11 standard-library modules in ``DOCSTRING_MODULES`` (modern technical prose);
   - source code of the standard-library modules in ``CODE_MODULES``.
-Evaluation, none of it used in calibration:
+General text (``awq_general_mix.txt``): the course's own prose, the markdown cells of the notebooks and
+``CONTRIBUTING.md``, interleaved in blocks of about ``GENERAL_BLOCK`` characters (no model run needed).
+Evaluation, none of it used in either calibration text:
   - ``eval_python_reference.txt``: sections of the Python language reference (``pydoc_data.topics``, the first
     5000 characters of each);
   - ``eval_python_code.txt``: source of ``fractions.py`` and ``statistics.py``
     (the first 20000 characters of each);
   - ``kjv_luke_1-12.txt`` (already shipped).
 
-Run: ``PYTHONPATH=$PWD python tools/make_awq_texts.py``. Deterministic for a given Python and model.
+Run: ``PYTHONPATH=$PWD python tools/make_awq_texts.py`` (``--general-only``: the general text alone).
+Deterministic for a given Python, model and commit.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
+import json
 import sysconfig
 from pathlib import Path
 
@@ -91,6 +96,7 @@ EVAL_REFERENCE_TOPICS = [
 ]
 EVAL_CODE_MODULES = ["fractions.py", "statistics.py"]
 CHAT_TOKENS = 160
+GENERAL_BLOCK = 3000
 
 
 def chat_replies() -> list[str]:
@@ -122,6 +128,30 @@ def code(files: list[str], limit: int = 12000) -> list[str]:
     return [(STDLIB / f).read_text()[:limit] for f in files]
 
 
+def course_prose() -> list[list[str]]:
+    """Per source (each notebook's markdown cells, then ``CONTRIBUTING.md``), its text in blocks of whole
+    paragraphs of about ``GENERAL_BLOCK`` characters."""
+    sources = [
+        "\n\n".join(
+            "".join(c["source"])
+            for c in json.loads(path.read_text())["cells"]
+            if c["cell_type"] == "markdown"
+        )
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+    ]
+    sources.append((ROOT / "CONTRIBUTING.md").read_text())
+    blocked = []
+    for text in sources:
+        blocks, current = [], ""
+        for paragraph in text.split("\n\n"):
+            current = f"{current}\n\n{paragraph}" if current else paragraph
+            if len(current) >= GENERAL_BLOCK:
+                blocks.append(current)
+                current = ""
+        blocked.append(blocks + [current] if current else blocks)
+    return blocked
+
+
 def interleave(*groups: list[str]) -> str:
     out, longest = [], max(len(g) for g in groups)
     for i in range(longest):
@@ -132,6 +162,13 @@ def interleave(*groups: list[str]) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--general-only", action="store_true", help="write awq_general_mix.txt alone")
+    args = parser.parse_args()
+    (TEXT / "awq_general_mix.txt").write_text(interleave(*course_prose()))
+    print("awq_general_mix.txt", len((TEXT / "awq_general_mix.txt").read_text()), "chars")
+    if args.general_only:
+        return
     from pydoc_data.topics import topics
 
     calibration = interleave(chat_replies(), docstrings(), code(CODE_MODULES))

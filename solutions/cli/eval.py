@@ -6,6 +6,7 @@ knows"."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch
 
 from ..bench.machine import machine_name
+from ..eval.chat_check import CHAT_ITEMS_FILE, load_chat_items, replies
+from ..eval.chat_check import correct as chat_correct
 from ..eval.items import ITEMS_FILE, Item, load_items
 from ..eval.scoring import Scored, encode_item, paired_difference, score
 from ..llm import LLM
@@ -111,6 +114,59 @@ def table(items: list[Item], runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def lm_eval_agreement(samples: Path, items: list[Item], run: Run) -> str:
+    """Whether lm-evaluation-harness picked the same choice as ``run`` on every item: ``samples`` is the
+    ``samples_<task>_*.jsonl`` that ``lm_eval --log_samples`` writes for ``data/eval/lm_eval/``'s task (each
+    line's ``filtered_resps`` holds one ``[log-likelihood, is_greedy]`` per choice; its ``doc_id`` is the
+    item's line number)."""
+    theirs = {}
+    for line in samples.read_text().splitlines():
+        record = json.loads(line)
+        loglik = [float(resp[0]) for resp in record["filtered_resps"]]
+        theirs[record["doc_id"]] = max(range(len(loglik)), key=loglik.__getitem__)
+    if sorted(theirs) != list(range(len(items))):
+        raise ValueError(f"{samples} scores {len(theirs)} items, not the {len(items)} of the items file")
+    ours = run.scored.picks.tolist()
+    differ = [items[i].id for i in range(len(items)) if theirs[i] != ours[i]]
+    right = sum(theirs[i] == item.answer for i, item in enumerate(items))
+    return (
+        f"lm-eval vs python -m solutions eval ({run.label}): same pick on {len(items) - len(differ)} of "
+        f"{len(items)} items; accuracy lm-eval {100 * right / len(items):.1f}%, ours "
+        f"{100 * run.scored.accuracy:.1f}%" + (f"; differ on {', '.join(differ)}" if differ else "")
+    )
+
+
+def chat_check(precisions: list[str], w_bit: int, group_size: int, device: str, dtype: str) -> str:
+    """The generation check (``eval.chat_check``) at each precision: exact-match accuracy with its binomial
+    error, and each quantized precision's difference from the first with its paired standard error."""
+    items = load_chat_items()
+    results = {}
+    for precision in precisions:
+        llm = LLM(
+            device=device,
+            dtype=dtype,
+            quantization=PRECISIONS[precision],
+            w_bit=w_bit,
+            group_size=group_size,
+            max_model_len=256,
+            kv_cache_memory=64 << 20,
+        )
+        results[label(precision, w_bit, group_size)] = chat_correct(items, replies(llm, items))
+    n = len(items)
+    lines = [f"{CHAT_ITEMS_FILE.name}: {n} questions answered greedily, exact match on the first number"]
+    for name, right in results.items():
+        p = right.float().mean().item()
+        lines.append(f"  {name:<16} {100 * p:5.1f}% ± {100 * (p * (1 - p) / n) ** 0.5:.1f}")
+    (base, base_right), *others = results.items()
+    for name, right in others:
+        d = paired_difference(base_right, right)
+        lines.append(
+            f"{base} - {name}: {100 * d.difference:+.1f} points ± {100 * d.standard_error:.1f} (paired; "
+            f"{d.only_a} right in {base} only, {d.only_b} in {name} only)"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solutions eval", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -127,11 +183,24 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="auto", help="activations (default: the engine's choice per precision and device)"
     )
     parser.add_argument("--max-tokens", type=int, default=1024, help="packed tokens per forward")
+    parser.add_argument(
+        "--compare-lm-eval",
+        type=Path,
+        default=None,
+        metavar="SAMPLES",
+        help="lm_eval --log_samples' samples file: compare its picks with the first precision's",
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help=f"the generation check ({CHAT_ITEMS_FILE.name}) instead"
+    )
     args = parser.parse_args(argv)
     precisions = args.precisions.split(",")
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         parser.error(f"unknown precision {unknown[0]!r}: choose from {', '.join(PRECISIONS)}")
+    if args.chat:
+        print(chat_check(precisions, args.w_bit, args.group_size, args.device, args.dtype))
+        return 0
     items = spread(load_items(args.items), args.limit)
     runs = []
     for precision in precisions:
@@ -141,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{runs[-1].label}: {runs[-1].seconds:.1f} s", file=sys.stderr, flush=True)
     print(f"{args.items.name} on {machine_name(args.device if args.device != 'auto' else None)}")
     print(table(items, runs))
+    if args.compare_lm_eval is not None:
+        print(lm_eval_agreement(args.compare_lm_eval, items, runs[0]))
     return 0
 
 

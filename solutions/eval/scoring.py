@@ -123,10 +123,12 @@ def batches(encoded: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
 @dataclass(frozen=True)
 class Scored:
     """Per item: whether the highest-sum choice (``correct``) and the highest per-token-mean choice
-    (``correct_norm``) is the answer. Ties go to the first choice."""
+    (``correct_norm``) is the answer, and which choice had the highest sum (``picks``, the index lm-eval's
+    ``acc`` compares). Ties go to the first choice."""
 
     correct: torch.Tensor
     correct_norm: torch.Tensor
+    picks: torch.Tensor | None = None
 
     @property
     def accuracy(self) -> float:
@@ -141,13 +143,13 @@ def score(model: LlamaModel, encoded: list[Encoded], answers: list[int], max_tok
     """Score every item, ``max_tokens`` packed tokens per forward."""
     if len(encoded) != len(answers) or not encoded:
         raise ValueError(f"need one answer per item, and items: {len(encoded)} items, {len(answers)} answers")
-    correct, correct_norm = [], []
+    picks, picks_norm = [], []
     for group in batches(encoded, max_tokens):
         for per_choice in choice_logprobs(model, group):
-            correct.append(torch.stack([c.sum() for c in per_choice]).argmax().item())
-            correct_norm.append(torch.stack([c.mean() for c in per_choice]).argmax().item())
-    truth = torch.tensor(answers)
-    return Scored(torch.tensor(correct) == truth, torch.tensor(correct_norm) == truth)
+            picks.append(torch.stack([c.sum() for c in per_choice]).argmax().item())
+            picks_norm.append(torch.stack([c.mean() for c in per_choice]).argmax().item())
+    truth, picks = torch.tensor(answers), torch.tensor(picks)
+    return Scored(picks == truth, torch.tensor(picks_norm) == truth, picks)
 
 
 @dataclass(frozen=True)
