@@ -159,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --offline: instead, tau and drafting time of the EAGLE head over each draft vocabulary "
         "size (e.g. 1024,2048,4096,8192,full)",
     )
+    add(
+        "--batch",
+        default=None,
+        help="instead: plain vs the EAGLE chain with this many requests decoding together (e.g. 1,4,16), "
+        "float32: where speculation stops paying (speculative_disable_by_batch_size)",
+    )
     add("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -169,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.draft_vocab:
             return offline_vocab(mixed, parse_vocab_sizes(args.draft_vocab), args.eagle_head)
         return offline(mixed, args.eagle_head)
+    if args.batch:
+        return batch_crossover(args, [held_back[i] for i in mixed], [int(b) for b in args.batch.split(",")])
     dtypes = args.dtypes.split(",")
     unknown = set(dtypes) - DTYPE_ENGINES.keys()
     if unknown:
@@ -226,6 +234,53 @@ def main(argv: list[str] | None = None) -> int:
         f"tau >= {GOALS['tau_tree']} with trees; outputs identical to plain in every dtype"
     )
     return 1 if failed else 0
+
+
+def batch_crossover(args, texts: list[str], batches: list[int]) -> int:
+    """Aggregate tokens/s of plain decoding and of the EAGLE chain with ``b`` requests decoding together, per
+    ``b`` in ``batches``, rounds alternating: the largest ``b`` where speculation still pays is the
+    ``speculative_disable_by_batch_size`` to set."""
+    k = args.num_speculative_tokens
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    print(
+        f"{machine_name()}: float32, {args.max_tokens} tokens a request, {args.rounds} alternated rounds; "
+        f"EAGLE chain k={k} against plain, both with b requests decoding together"
+    )
+    print(f"{'batch':>5s} | {'plain tok/s':>11s} | {'EAGLE tok/s':>11s} | speed-up [min-max]")
+    pays, paying = 0, True
+    for batch in sorted(batches):
+        options = dict(device=args.device, dtype="float32", max_num_seqs=batch, max_model_len=1024)
+        plain = LLM(**options)
+        eagle = LLM(**options, speculative="eagle", num_speculative_tokens=k)
+        prompts = [chat(plain, texts[i % len(texts)]) for i in range(batch)]
+        seconds: dict[str, list[float]] = {"plain": [], "eagle": []}
+        for llm in (plain, eagle):  # warm-up
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        for _ in range(args.rounds):
+            for name, llm in (("plain", plain), ("eagle", eagle)):
+                start = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                seconds[name].append(time.perf_counter() - start)
+        tokens = batch * args.max_tokens
+        ratios = [p / e for p, e in zip(seconds["plain"], seconds["eagle"])]
+        mid = statistics.median(ratios)
+        paying = paying and min(ratios) > 1  # every round faster, and at every smaller batch too
+        pays = batch if paying else pays
+        print(
+            f"{batch:5d} | {tokens / statistics.median(seconds['plain']):11.1f} | "
+            f"{tokens / statistics.median(seconds['eagle']):11.1f} | "
+            f"{mid:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+        )
+        plain.shutdown()
+        eagle.shutdown()
+    if pays:
+        print(
+            f"speculation paid (every round faster) up to batch {pays}: "
+            f"speculative_disable_by_batch_size={pays}"
+        )
+    else:
+        print("speculation did not pay in every round at any batch size measured: leave it off here")
+    return 0
 
 
 SPLIT_HEADER = (
