@@ -26,12 +26,14 @@ import torch
 
 from ...bench.machine import machine_name
 from ...bench.spec_costs import MethodCosts, run_rounds, split_against
+from ...bench.verify_rows import verify_engine, verify_step_ms
 from ...llm import LLM
 from ...sampling_params import SamplingParams
 from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
 from ...speculative.drafter import EagleDrafter
 from ...speculative.eagle import HEAD_PATH, SPEC_DIR, load_head
 from ...speculative.medusa import MedusaDrafter, load_heads
+from ...speculative.tree_choice import TreeOption, choose_tree, interpolate
 from . import bench_parser
 
 GOALS = {"tau_tree": 3.0, "speedup": 2.0, "speedup_int4": 1.6}
@@ -165,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: plain vs the EAGLE chain with this many requests decoding together (e.g. 1,4,16), "
         "float32: where speculation stops paying (speculative_disable_by_batch_size)",
     )
+    add(
+        "--choose",
+        action="store_true",
+        help="instead: pick the EAGLE chain or tree predicted fastest per engine (float32, AWQ) from this "
+        "run's plain step, verify-rows ratios and teacher-forced tau and drafting time",
+    )
     add("--eagle-head", default=None, help="an EAGLE head file other than the shipped one")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -175,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.draft_vocab:
             return offline_vocab(mixed, parse_vocab_sizes(args.draft_vocab), args.eagle_head)
         return offline(mixed, args.eagle_head)
+    if args.choose:
+        return choose(mixed, args.eagle_head)
     if args.batch:
         return batch_crossover(args, [held_back[i] for i in mixed], [int(b) for b in args.batch.split(",")])
     dtypes = args.dtypes.split(",")
@@ -390,4 +400,45 @@ def offline_vocab(indices: list[int], sizes: list[int | None], head_path: str | 
             ms = result.draft_seconds * 1e3
             label = "full" if size is None else str(size)
             print(f"{label:>16s} | {name:28s} | {result.tau:5.2f} | {ms:13.2f} | {(result.tau - 1) / ms:.3f}")
+    return 0
+
+
+def choose(indices: list[int], head_path: str | None = None) -> int:
+    """The EAGLE drafter predicted fastest on each engine (``speculative.tree_choice``): tau and drafting time
+    teacher-forced (float32 head, ``OFFLINE_DRAFTERS``' EAGLE rows), the plain step and the verify pass's cost
+    at each row count measured on that engine (``bench.verify_rows``)."""
+    lines = (SPEC_DIR / "heldout_responses.jsonl").read_text().splitlines()
+    model = LLM(device="cpu", dtype="float32", max_model_len=1024).engine.model
+    answers = greedy_answers(model, [json.loads(lines[i]) for i in indices])
+    head = load_head(model, head_path or HEAD_PATH)
+    options = []
+    for name, (depth, top_k, nodes) in OFFLINE_DRAFTERS.items():
+        if name.startswith("EAGLE"):
+            drafter = EagleDrafter(head, depth, tree_depth=depth if nodes else 0, tree_top_k=top_k)
+            result = teacher_forced_acceptance(drafter, answers, nodes)
+            options.append(TreeOption(name, depth, top_k, nodes, result.tau, result.draft_seconds * 1e3))
+    row_counts = sorted({1, *(o.rows for o in options)})
+    print(f"{machine_name()}: EAGLE drafters teacher-forced on {len(answers)} held-back answers")
+    for engine, engine_options in (("float32", {"dtype": "float32"}), ("awq", {"quantization": "awq"})):
+        llm = verify_engine(tree=True, device="cpu", **engine_options)
+        timings = verify_step_ms(llm, row_counts, steps=8, rounds=3)
+        llm.shutdown()
+        step_ms = timings[0].median_ms
+        ratios = {t.rows: t.median_ms / step_ms for t in timings}
+        best, ranked = choose_tree(options, step_ms, interpolate(ratios))
+        print(
+            f"{engine}: plain step {step_ms:.1f} ms; verify pass / plain step at "
+            + ", ".join(f"{r} rows {ratios[r]:.2f}" for r in row_counts)
+        )
+        print(
+            f"  {'drafter':32s} | {'tau':>5s} | {'draft ms':>8s} | {'k c':>5s} | {'1 + v':>5s} | predicted S"
+        )
+        for option, speedup in ranked:
+            print(
+                f"  {option.name:32s} | {option.tau:5.2f} | {option.draft_ms:8.2f} | "
+                f"{option.draft_ms / step_ms:5.2f} | {ratios[option.rows]:5.2f} | {speedup:.2f}x"
+            )
+        runner_up = f"; next {ranked[1][0].name} at {ranked[1][1]:.2f}x" if len(ranked) > 1 else ""
+        verdict = "pays" if ranked[0][1] > 1 else "loses to plain decoding: leave speculation off here"
+        print(f"  chosen: {best.name}, predicted {ranked[0][1]:.2f}x ({verdict}{runner_up})")
     return 0
