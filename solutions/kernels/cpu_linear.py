@@ -25,6 +25,8 @@ that is missing, unreadable, malformed or made on another machine is ignored and
 Decisions measured while the machine was busy (load average above the CPU count) are marked, and
 measured again by the first load that finds the machine quiet.
 ``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
+``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) runs oneDNN's product at every row count for
+the dtypes it takes, a lone row padded to two, so that a row's result does not depend on the rows beside it.
 
 Invariant: every path computes ``F.linear(x, weight, bias)`` (same math, different summation order).
 The ``weight`` Parameter stays the ``[out, in]`` tensor it was, so code that reads or edits it keeps
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..paths import cache_dir
+from .batch_invariant import batch_invariant
 
 CACHE_VERSION = 1
 CACHE_FILE = "cpu_linear.json"
@@ -112,6 +115,9 @@ class CpuLinear(nn.Linear):
         if set(choices) != REGIMES.keys() or unknown:
             raise ValueError(f"choices must name a path for each of {list(REGIMES)}; got {choices}")
         self.choices = dict(choices)
+        # Batch-invariant mode: oneDNN at every row count, one row run as two (its one-row kernel sums in
+        # another order for inputs wider than 1024).
+        self.pad_single_row = False
         self._stored: dict[
             str, tuple[int, torch.Tensor]
         ] = {}  # path -> (weight version it was made at, layout)
@@ -124,6 +130,10 @@ class CpuLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        if rows == 1 and self.pad_single_row:
+            flat = x.reshape(1, self.in_features).expand(2, -1).contiguous()
+            out = self._batch.apply(flat, self.stored(self._batch.name), self.bias)[:1]
+            return out.view(*x.shape[:-1], self.out_features)
         path = self._decode if rows == 1 else self._batch if rows < PREFILL_ROWS else self._prefill
         if path.name == "linear":
             return F.linear(x, self.weight, self.bias)
@@ -425,13 +435,18 @@ def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
     shape (``$FASTMODE_CPU_LINEAR``'s path when set); a shape they do not name keeps ``F.linear``. Kept as
     ``model.linear_decisions``. A tensor-parallel worker takes rank 0's decisions here instead of measuring:
     it runs fewer threads than rank 0, so its timings would be filed under another machine key."""
-    forced = forced_choices()
+    forced, invariant = forced_choices(), batch_invariant()
     for parent, child_name, linear in list(_linears(model)):
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
         decision = decisions.get(key)
         choices = forced or (decision and {regime: pick["path"] for regime, pick in decision.items()})
+        pad = invariant and forced is None and PATHS["onednn"].supports(linear.weight.dtype)
+        if pad:
+            choices = dict.fromkeys(REGIMES, "onednn")
         if choices:
-            setattr(parent, child_name, CpuLinear.from_linear(linear, choices))
+            cpu_linear = CpuLinear.from_linear(linear, choices)
+            cpu_linear.pad_single_row = pad
+            setattr(parent, child_name, cpu_linear)
     model.linear_decisions = decisions
 
 
