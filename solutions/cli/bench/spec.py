@@ -27,6 +27,7 @@ import torch
 from ...bench.machine import machine_name
 from ...bench.spec_costs import MethodCosts, run_rounds, split_against
 from ...bench.verify_rows import verify_engine, verify_step_ms
+from ...kernels.batch_invariant import batch_invariant
 from ...llm import LLM
 from ...sampling_params import SamplingParams
 from ...speculative.acceptance import greedy_answers, teacher_forced_acceptance
@@ -232,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                 for a, b in zip(method.rounds[r], plain.rounds[r])
             )
             if differ:
-                failed = True
+                failed = failed or dtype == "float32" or batch_invariant()
                 print(f"  {differ} of {args.rounds * len(prompts)} outputs DIFFER from {plain_name}'s")
+                if dtype != "float32" and not batch_invariant():
+                    print(f"  ({ROUNDING_NOTE})")
     print(
         "S = tau / (1 + k c + v): c = one draft pass / one plain step (k passes: the chain's length or the "
         "tree's depth), v = the rest of a speculative step / one plain step - 1; 'predicted' is S from the "
@@ -293,6 +296,11 @@ def batch_crossover(args, texts: list[str], batches: list[int]) -> int:
     return 0
 
 
+ROUNDING_NOTE = (
+    "bfloat16 roundings: a verify pass computes a token among several rows, plain decoding alone, and a "
+    "last-bit difference flips a bfloat16 rounding and then a near-tie; FASTMODE_BATCH_INVARIANT=1 makes "
+    "them identical (kernels/batch_invariant.py)"
+)
 SPLIT_HEADER = (
     f"{'method':28s} | {'tok/s':>6s} | {'speed-up [min-max]':>19s} | {'tau':>4s} | {'c':>5s} | {'v':>5s} | "
     f"{'k':>2s} | predicted"
