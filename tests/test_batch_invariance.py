@@ -6,12 +6,12 @@ each prompt should come out token for token the same.
 
 With ``FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) that holds by construction on the CPU
 paths: float32, and AWQ INT4 with float32 or bfloat16 activations (torch's INT4 product is row-invariant; the
-linears, attention and elementwise chains around it are made so). By default it holds for float32 on the
-bundled model (last-bit differences rarely flip a float32 argmax), not for INT4: a bfloat16 cast before every
-INT4 product turns a last-bit difference from the attention (a lone decode reads its context in place, several
-rows attend through a padded, masked call) into a flipped bfloat16 rounding, and near-ties flip within tens
-of tokens. Dense bfloat16 linears on a CPU without native bfloat16 are not row-invariant (their kernel sums
-in another order from four rows on), so a dense bfloat16 engine is not held here.
+linears, attention, tree attention and elementwise chains around it are made so). By default it holds for
+float32 on the bundled model (last-bit differences rarely flip a float32 argmax), not for INT4: a bfloat16 cast
+before every INT4 product turns a last-bit difference from the attention (a lone decode reads its context in
+place, several rows attend through a padded, masked call) into a flipped bfloat16 rounding, and near-ties flip
+within tens of tokens. Dense bfloat16 linears on a CPU without native bfloat16 are not row-invariant (their
+kernel sums in another order from four rows on), so a dense bfloat16 engine is not held here.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ ENGINE = dict(device="cpu", max_num_seqs=4, max_model_len=512, kv_cache_memory=3
 @pytest.fixture(scope="module", params=list(CASES))
 def variants(request, load):
     """Per case: each question's greedy tokens decoded alone (no prefix cache), batched, after a cached
-    prefix, and speculatively (an EAGLE chain, batched); and the outputs that show each variant ran."""
+    prefix, and speculatively (an EAGLE chain and an EAGLE tree, batched); and the outputs that show each
+    variant ran."""
     LLM, SamplingParams = load("llm").LLM, load("sampling_params").SamplingParams
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     options, invariant = CASES[request.param]
@@ -55,14 +56,22 @@ def variants(request, load):
         prefixed = [cached.generate(p, params)[0] for p in prompts]
         speculative = LLM(**ENGINE, **options, speculative="eagle", num_speculative_tokens=3)
         spec_outputs = speculative.generate(prompts, params)
+        tree = LLM(
+            **ENGINE, **options, speculative="eagle", num_speculative_tokens=4, speculative_tree_nodes=8
+        )
+        tree_outputs = tree.generate(prompts, params)
     outputs = dict(
-        alone=alone, batched=batched, after_prefix=tokens(prefixed), speculative=tokens(spec_outputs)
+        alone=alone,
+        batched=batched,
+        after_prefix=tokens(prefixed),
+        speculative=tokens(spec_outputs),
+        speculative_tree=tokens(tree_outputs),
     )
-    return request.param, outputs, (prefixed, spec_outputs)
+    return request.param, outputs, (prefixed, spec_outputs + tree_outputs)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["batched", "after_prefix", "speculative"])
+@pytest.mark.parametrize("variant", ["batched", "after_prefix", "speculative", "speculative_tree"])
 def test_greedy_tokens_do_not_depend_on_the_batch(variants, variant):
     case, outputs, _ = variants
     for question, want, got in zip(QUESTIONS, outputs["alone"], outputs[variant], strict=True):
@@ -77,12 +86,15 @@ def test_greedy_tokens_do_not_depend_on_the_batch(variants, variant):
 @pytest.mark.slow
 def test_the_variants_ran_as_named(variants):
     """Else the comparisons would compare plain steps: the prefix cache served each prompt's shared blocks,
-    and the EAGLE chain accepted drafts."""
+    and the EAGLE chain and tree accepted drafts."""
     case, _, (prefixed, spec_outputs) = variants
     cached = [o.metrics.num_cached_tokens for o in prefixed]
     assert min(cached) > 0, f"{case}: a prompt found nothing in the prefix cache ({cached} tokens)"
     taus = [o.metrics.mean_acceptance_length or 1.0 for o in spec_outputs]
-    assert max(taus) > 1.0, f"{case}: the EAGLE chain accepted no draft ({taus})"
+    half = len(taus) // 2
+    assert max(taus[:half]) > 1.0 and max(taus[half:]) > 1.0, (
+        f"{case}: chain or tree accepted nothing ({taus})"
+    )
 
 
 def test_invariant_attention_gives_each_row_what_it_gets_alone(load, monkeypatch):
