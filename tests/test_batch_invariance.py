@@ -7,11 +7,11 @@ each prompt should come out token for token the same.
 With ``FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) that holds by construction on the CPU
 paths: float32, and AWQ INT4 with float32 or bfloat16 activations (torch's INT4 product is row-invariant; the
 linears, attention, tree attention and elementwise chains around it are made so). By default it holds for
-float32 on the bundled model (last-bit differences rarely flip a float32 argmax), not for INT4: a bfloat16 cast
-before every INT4 product turns a last-bit difference from the attention (a lone decode reads its context in
-place, several rows attend through a padded, masked call) into a flipped bfloat16 rounding, and near-ties flip
-within tens of tokens. Dense bfloat16 linears on a CPU without native bfloat16 are not row-invariant (their
-kernel sums in another order from four rows on), so a dense bfloat16 engine is not held here.
+float32 on the bundled model (last-bit differences rarely flip a float32 argmax), not for INT4: a bfloat16
+cast before every INT4 product turns a last-bit difference from the attention (a lone decode reads its context
+in place, several rows attend through a padded, masked call) into a flipped bfloat16 rounding, and near-ties
+flip within tens of tokens. Dense bfloat16 linears on a CPU without native bfloat16 are not row-invariant
+(their kernel sums in another order from four rows on), so a dense bfloat16 engine is not held here.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ layer, so INT4 and bfloat16 engines diverge within tens of tokens.
 ``FASTMODE_BATCH_INVARIANT=1`` (vLLM's ``VLLM_BATCH_INVARIANT``, after "Defeating Nondeterminism in LLM
 Inference", Thinking Machines 2025) makes every CPU path the engine runs sum each row in one fixed order:
 
-- attention (``kernels/paged_torch.py``): each query row attends alone, over exactly its context, in token
-  order (a lone decode reads the cache in place only when its blocks ascend), one fused SDPA call per row;
+- attention (``kernels/paged_torch.py``; draft trees: ``speculative/tree.py``): each query row attends alone,
+  over exactly its context in token order (a tree node: its context, then its own path), one unmasked SDPA
+  call per row;
 - float32 linears (``kernels/cpu_linear.py``): oneDNN's product for every row count, a lone row padded to two
   (oneDNN takes another kernel for one row when the input is wider than 1024);
 - the elementwise chains run eagerly (``PLAIN_OPS``) at every row count, and the compiled one-token decode
@@ -20,8 +21,8 @@ Inference", Thinking Machines 2025) makes every CPU path the engine runs sum eac
 - torch's INT4 product is row-invariant as it is (checked by ``tests/test_batch_invariance.py``).
 
 It costs speed: a verify pass and a prefill make one attention call per row, and the decode step loses its
-compiled layers (``bench decode --rows`` measures both settings). Draft trees (``TreeAttention``) and
-bfloat16 linears on a CPU without native bfloat16 are not covered.
+compiled layers (``bench decode --rows`` measures both settings). Dense bfloat16 linears on a CPU without
+native bfloat16 are not covered (their kernel sums in another order from four rows on).
 """
 
 from __future__ import annotations
