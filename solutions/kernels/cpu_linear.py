@@ -4,9 +4,10 @@ A decode step is a chain of matrix-vector products, and which of torch's CPU rou
 weights fastest depends on the CPU: eager ``F.linear`` (MKL) is the fastest route on one x86 machine
 and reads less than half of what oneDNN's prepacked product reads on another (``bench decode`` prints every
 route's GB/s per shape; the README gives two machines). So nothing is assumed: for each weight
-shape of the model and each regime of rows per call (``decode``: 1 row; ``batch``: a few sequences
-decoding together; ``prefill``: a prompt's tokens), every candidate path is timed on the model's own
-weights and the fastest one is kept.
+shape of the model and each regime of rows per call (``decode``: 1 row; ``rows2`` .. ``rows64``: 2 to 64 rows,
+a verify pass's root and drafts or a few sequences decoding together, in power-of-two buckets, a call taking
+the smallest bucket that holds its rows; ``prefill``: more rows, a prompt's tokens), every candidate path is
+timed on the model's own weights and the fastest one is kept.
 
 Candidate paths (each stores the weight in the layout it needs):
 
@@ -53,11 +54,21 @@ from torch import nn
 from ..paths import cache_dir
 from .batch_invariant import batch_invariant
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 CACHE_FILE = "cpu_linear.json"
 FORCE_ENV = "FASTMODE_CPU_LINEAR"
-REGIMES = {"decode": 1, "batch": 8, "prefill": 128}  # rows per call each regime is timed at
-PREFILL_ROWS = 64  # a call with this many rows or more uses the prefill choice; 2..63 the batch choice
+# rows per call each regime is timed at; a call of r rows takes the first regime of at least r rows
+REGIMES = {
+    "decode": 1,
+    "rows2": 2,
+    "rows4": 4,
+    "rows8": 8,
+    "rows16": 16,
+    "rows32": 32,
+    "rows64": 64,
+    "prefill": 128,
+}
+SMALL_ROWS = 64  # up to this many rows per call, the small-row buckets; more rows: the prefill choice
 WORKING_SET_BYTES = 96 << 20  # weights cycled through per timing: larger than the L3 caches of common CPUs
 ROUNDS = 5
 
@@ -121,7 +132,8 @@ class CpuLinear(nn.Linear):
         self._stored: dict[
             str, tuple[int, torch.Tensor]
         ] = {}  # path -> (weight version it was made at, layout)
-        self._decode, self._batch, self._prefill = (PATHS[choices[r]] for r in REGIMES)
+        self._by_rows = rows_table({r: PATHS[choices[r]] for r in REGIMES})  # rows 0..SMALL_ROWS -> path
+        self._prefill = PATHS[choices["prefill"]]
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, choices: dict[str, str]) -> CpuLinear:
@@ -131,10 +143,11 @@ class CpuLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if rows == 1 and self.pad_single_row:
+            path = self._by_rows[2]
             flat = x.reshape(1, self.in_features).expand(2, -1).contiguous()
-            out = self._batch.apply(flat, self.stored(self._batch.name), self.bias)[:1]
+            out = path.apply(flat, self.stored(path.name), self.bias)[:1]
             return out.view(*x.shape[:-1], self.out_features)
-        path = self._decode if rows == 1 else self._batch if rows < PREFILL_ROWS else self._prefill
+        path = self._by_rows[rows] if rows <= SMALL_ROWS else self._prefill
         if path.name == "linear":
             return F.linear(x, self.weight, self.bias)
         out = path.apply(x.reshape(rows, self.in_features).contiguous(), self.stored(path.name), self.bias)
@@ -164,6 +177,18 @@ class CpuLinear(nn.Linear):
     def extra_repr(self) -> str:
         picks = ", ".join(f"{regime}: {path}" for regime, path in self.choices.items())
         return f"{super().extra_repr()}, {picks}"
+
+
+def regime_of(rows: int, regimes: dict[str, int] = REGIMES) -> str:
+    """The regime a call of ``rows`` rows runs in: the first (fewest rows) timed at ``rows`` or more, else
+    the last one (a prompt's rows)."""
+    return next((name for name, timed in regimes.items() if rows <= timed), list(regimes)[-1])
+
+
+def rows_table(by_regime: dict[str, object]) -> list:
+    """``table[r]``: what ``by_regime`` holds for the regime of ``r`` rows, r = 0..SMALL_ROWS (a list
+    lookup in the hot path instead of a search)."""
+    return [by_regime[regime_of(max(1, rows))] for rows in range(SMALL_ROWS + 1)]
 
 
 # ---- the decision cache ---------------------------------------------------------------------------
