@@ -218,7 +218,7 @@ def _rows_only(args: argparse.Namespace) -> int:
         f"one request verifying ROWS - 1 drafts as a {shape} after a 256-token context: ms per step, median "
         f"of {max(args.repeats, 3)} alternated rounds [min-max], and its ratio to one row"
     )
-    print(f"{'engine':<10}" + "".join(f"{f'{r} rows':>22}" for r in args.rows))
+    print(f"{'engine':<10}" + "".join(f"{f'{r} rows':>26}" for r in args.rows))
     ratios = {}
     for name, options in ROW_ENGINES.items():
         llm = verify_engine(tree=args.tree, device="cpu", **options)
@@ -227,7 +227,7 @@ def _rows_only(args: argparse.Namespace) -> int:
         cells = [
             f"{t.median_ms:6.1f} [{t.low_ms:.0f}-{t.high_ms:.0f}] {t.median_ms / one:4.2f}x" for t in timings
         ]
-        print(f"{name:<10}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{name:<10}" + "".join(f"{c:>26}" for c in cells))
         ratios[name] = {t.rows: t.median_ms / one for t in timings}
         llm.shutdown()
     if 8 in args.rows:
