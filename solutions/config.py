@@ -38,7 +38,9 @@ class EngineConfig:
     for the model to verify (Lesson 4); with "eagle" or "medusa", ``speculative_tree_nodes > 0`` drafts trees
     of that many nodes (depth ``num_speculative_tokens``, ``speculative_tree_top_k`` expanded per depth)
     instead of chains; ``eagle_head`` / ``medusa_heads`` is the drafter's file (default: the one shipped in
-    data/spec/).
+    data/spec/). ``speculative_disable_by_batch_size`` N > 0 drafts nothing in a step where more than N
+    requests are running (vLLM's option of that name): there a verify pass's extra rows cost more than the
+    accepted drafts save (``bench spec --batch`` measures the crossover); 0 always drafts.
     ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL
     on cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off
     under it, and speculative decoding and MoE models are not supported with it.
@@ -64,6 +66,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     speculative_tree_nodes: int = 0
     speculative_tree_top_k: int = 4
+    speculative_disable_by_batch_size: int = 0
     eagle_head: str | None = None
     medusa_heads: str | None = None
     enforce_eager: bool = False
@@ -141,6 +144,14 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_tree_nodes must be >= 0 and speculative_tree_top_k >= 1, got "
                 f"{self.speculative_tree_nodes} and {self.speculative_tree_top_k}"
+            )
+        if (
+            not isinstance(self.speculative_disable_by_batch_size, int)
+            or self.speculative_disable_by_batch_size < 0
+        ):
+            raise ValueError(
+                "speculative_disable_by_batch_size must be an integer >= 0 (0: never disable), got "
+                f"{self.speculative_disable_by_batch_size!r}"
             )
         if self.speculative_tree_nodes and self.speculative not in ("eagle", "medusa"):
             raise ValueError(

@@ -23,6 +23,9 @@ ENGINE_OPTION_HELP = {
     "attention_backend": "auto, torch or triton",
     "num_threads": "CPU threads for torch (default: torch's choice)",
     "quantization": "rtn or awq: pack the weights to --w-bit integers (Lesson 6)",
+    "speculative_disable_by_batch_size": (
+        "draft nothing in a step with more running requests than this (0: never)"
+    ),
     "enforce_eager": "run every step eagerly (no CUDA graphs)",
     "tensor_parallel_size": (
         "processes the model is split across by heads, one per GPU (Lesson 9; default: 1)"

@@ -18,7 +18,7 @@ TOY_RUNS = {
     "quant": ["--tokens", "4", "--repeats", "1", "--ppl-tokens", "64"],
     "throughput": ["--num-requests", "2", "--max-num-seqs", "2", "--no-hf", "--split"],
     "kv": ["--requests", "20", "--rounds", "1", "--prefix-len", "64"],
-    "spec": ["--max-tokens", "4", "--prompts", "1"],
+    "spec": ["--max-tokens", "4", "--prompts", "1", "--rounds", "1"],
     "tp": ["--batch", "1", "--prompt-tokens", "4", "--max-tokens", "4", "--repeats", "1"],
     "serving": ["--num-requests", "2", "--max-tokens", "2", "--no-offline", "--max-model-len", "256"],
 }
@@ -37,3 +37,22 @@ def test_bench_command_runs_on_toy_sizes(name, tmp_path):
     )
     assert run.returncode == 0, f"bench {name} exited {run.returncode}:\n{run.stderr[-3000:]}"
     assert run.stdout.strip(), f"bench {name} printed nothing"
+
+
+@pytest.mark.parametrize(
+    "argv, verdict",
+    [
+        pytest.param(["decode", "--rows", "1,2", "--repeats", "1"], "awq int4", id="decode-rows"),
+        pytest.param(
+            ["spec", "--batch", "1,2", "--max-tokens", "4", "--rounds", "1"], "speculation", id="spec-batch"
+        ),
+    ],
+)
+def test_bench_row_and_batch_modes_run_on_toy_sizes(argv, verdict):
+    """``bench decode --rows`` (a verify pass per row count, per dtype) and ``bench spec --batch`` (the
+    speculation crossover) run to the end and print their verdict lines."""
+    run = subprocess.run(
+        [sys.executable, "-m", "solutions", "bench", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, f"bench {' '.join(argv)} exited {run.returncode}:\n{run.stderr[-3000:]}"
+    assert verdict in run.stdout, f"bench {' '.join(argv)} printed no {verdict!r} line:\n{run.stdout[-2000:]}"

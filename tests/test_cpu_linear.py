@@ -178,3 +178,32 @@ def test_fastest_linear_wraps_a_bare_matrix_without_copying_it(monkeypatch):
     assert isinstance(linear, CpuLinear) and linear.bias is None and not linear.weight.requires_grad
     assert linear.weight.data_ptr() == weight.data_ptr()
     torch.testing.assert_close(linear(x), x @ weight.T)
+
+
+def test_a_call_takes_the_smallest_row_bucket_that_holds_its_rows(monkeypatch):
+    """1 row: decode; 2..64 rows: the first power-of-two bucket of at least that many; more: prefill. Each
+    bucket's own path runs (a spy on the transposed path records the rows it ran)."""
+    buckets = [cpu_linear.regime_of(r) for r in (1, 2, 3, 4, 5, 9, 17, 33, 64, 65, 1000)]
+    assert (
+        buckets
+        == ["decode", "rows2", "rows4", "rows4", "rows8", "rows16", "rows32", "rows64", "rows64"]
+        + ["prefill"] * 2
+    )
+    ran = []
+    original = PATHS["transposed"]
+    spy = cpu_linear.LinearPath(
+        "transposed",
+        original.store,
+        lambda x, w, b: ran.append(x.shape[0]) or original.apply(x, w, b),
+        original.supports,
+    )
+    monkeypatch.setitem(cpu_linear.PATHS, "transposed", spy)
+    linear = torch.nn.Linear(32, 24, bias=False)
+    layer = CpuLinear.from_linear(
+        linear, {r: "transposed" if r in ("rows4", "rows32") else "linear" for r in REGIMES}
+    )
+    with torch.no_grad():
+        for rows in (1, 2, 3, 4, 5, 20, 32, 33, 70):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(layer(x), F.linear(x, linear.weight), rtol=1e-4, atol=1e-5)
+    assert ran == [3, 4, 20, 32], f"the transposed path (rows4, rows32 buckets) ran for {ran} rows"

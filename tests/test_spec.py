@@ -519,3 +519,20 @@ def test_train_eagle_rejects_bad_options_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         train_eagle.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_tree_choice_weighs_acceptance_against_drafting_and_verify_cost(load):
+    """S = tau / (draft_ms / step_ms + verify_ratio(rows)): a bigger tree wins only when its extra tau pays
+    for its longer verify pass; the interpolated verify ratio runs through the measured points."""
+    choice = load("speculative.tree_choice")
+    ratio = choice.interpolate({1: 1.0, 2: 1.1, 8: 1.7})
+    assert [round(ratio(r), 6) for r in (1, 2, 5, 8, 14)] == [1.0, 1.1, 1.4, 1.7, 2.3]
+    chain = choice.TreeOption("chain 3", 3, 1, 0, tau=2.0, draft_ms=3.0)  # 4 rows: ratio 1.3
+    tree = choice.TreeOption("tree 7", 4, 4, 7, tau=2.4, draft_ms=6.0)  # 8 rows: ratio 1.7
+    assert choice.predicted_speedup(chain, 30.0, ratio) == pytest.approx(2.0 / (0.1 + 1.3))
+    best, ranked = choice.choose_tree([tree, chain], 30.0, ratio)
+    assert best is chain and [o.name for o, _ in ranked] == ["chain 3", "tree 7"]
+    cheap_rows = choice.interpolate({1: 1.0, 8: 1.05})  # verifying 8 rows at nearly one row's price
+    assert choice.choose_tree([tree, chain], 30.0, cheap_rows)[0] is tree
+    with pytest.raises(ValueError, match="ratio at 1 row"):
+        choice.interpolate({2: 1.1, 8: 1.7})

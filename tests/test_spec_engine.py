@@ -138,11 +138,31 @@ def test_shipped_head_loads_and_matches_its_checksum(load, llm):
         ),
         (dict(speculative="ngram", speculative_tree_nodes=8), "draft trees need speculative='eagle'"),
         (dict(speculative="eagle", speculative_tree_nodes=-1), "speculative_tree_nodes must be >= 0"),
+        (
+            dict(speculative="ngram", speculative_disable_by_batch_size=-1),
+            "speculative_disable_by_batch_size must be an integer >= 0",
+        ),
     ],
 )
 def test_bad_speculative_options_fail_clearly(load, options, message):
     with pytest.raises(ValueError, match=message):
         load("config").EngineConfig(device="cpu", **options)
+
+
+def test_speculation_stops_above_the_batch_size_it_is_disabled_by(load, chats, plain_outputs):
+    """``speculative_disable_by_batch_size=2``: four requests running together verify no draft (the output
+    stays plain greedy's), and a lone request speculates again on the same engine, its drafter having seen
+    every feature of the steps it did not draft in."""
+    llm = load("llm").LLM(**ENGINE, **METHODS["eagle-chain"], speculative_disable_by_batch_size=2)
+    # EOS ignored, so that all four run to the end together; greedy tokens up to plain's EOS are the same.
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    batched = llm.generate(chats, params)
+    for out, want in zip(batched, plain_outputs):
+        assert out.outputs[0].token_ids[: len(want)] == want[:24]
+    assert [o.metrics.num_verify_passes for o in batched] == [0] * len(chats), "a step of 4 drafted"
+    alone = llm.generate(chats[0], params)[0]
+    assert alone.outputs[0].token_ids[: len(plain_outputs[0])] == plain_outputs[0][:24]
+    assert alone.metrics.num_verify_passes > 0, "a lone request drafted nothing"
 
 
 def test_a_head_that_does_not_fit_fails_clearly(load, tmp_path):

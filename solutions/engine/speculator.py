@@ -55,6 +55,7 @@ class Speculator:
             head = load_head(model, config.eagle_head or HEAD_PATH)
             self.drafter = EagleDrafter(head, k, tree_depth=k, tree_top_k=config.speculative_tree_top_k)
         self.tree_nodes = config.speculative_tree_nodes
+        self.disable_above = config.speculative_disable_by_batch_size
         self.trees: dict[str, DraftTree] = {}
         self.draft_probs: dict[str, torch.Tensor | None] = {}
         self.known: set[str] = set()
@@ -74,15 +75,20 @@ class Speculator:
         return {request_id: tree.parents for request_id, tree in self.trees.items()}
 
     def propose(self, running: list[Request]) -> None:
-        """Draft for every running request whose newest token awaits its pass (the decode phase)."""
+        """Draft for every running request whose newest token awaits its pass (the decode phase); nothing in a
+        step with more than ``speculative_disable_by_batch_size`` running requests (when set), though every
+        request's features still reach the drafter, so that it drafts again once the batch shrinks."""
         self.trees.clear()
         self.draft_probs.clear()
         for gone in self.known - {r.request_id for r in running}:
             self.drafter.free(gone)
         self.known = {r.request_id for r in running}
         ready, limits = [], []
+        disabled = 0 < self.disable_above < len(running)
         for request in running:
             request.spec_token_ids = []
+            if disabled:
+                continue
             # The target always adds one token after the drafts: leave room for it.
             limit = min(
                 request.params.max_tokens - len(request.output_token_ids) - 1,

@@ -4,9 +4,10 @@ A decode step is a chain of matrix-vector products, and which of torch's CPU rou
 weights fastest depends on the CPU: eager ``F.linear`` (MKL) is the fastest route on one x86 machine
 and reads less than half of what oneDNN's prepacked product reads on another (``bench decode`` prints every
 route's GB/s per shape; the README gives two machines). So nothing is assumed: for each weight
-shape of the model and each regime of rows per call (``decode``: 1 row; ``batch``: a few sequences
-decoding together; ``prefill``: a prompt's tokens), every candidate path is timed on the model's own
-weights and the fastest one is kept.
+shape of the model and each regime of rows per call (``decode``: 1 row; ``rows2`` .. ``rows64``: 2 to 64 rows,
+a verify pass's root and drafts or a few sequences decoding together, in power-of-two buckets, a call taking
+the smallest bucket that holds its rows; ``prefill``: more rows, a prompt's tokens), every candidate path is
+timed on the model's own weights and the fastest one is kept.
 
 Candidate paths (each stores the weight in the layout it needs):
 
@@ -25,6 +26,8 @@ that is missing, unreadable, malformed or made on another machine is ignored and
 Decisions measured while the machine was busy (load average above the CPU count) are marked, and
 measured again by the first load that finds the machine quiet.
 ``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
+``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) runs oneDNN's product at every row count for
+the dtypes it takes, a lone row padded to two, so that a row's result does not depend on the rows beside it.
 
 Invariant: every path computes ``F.linear(x, weight, bias)`` (same math, different summation order).
 The ``weight`` Parameter stays the ``[out, in]`` tensor it was, so code that reads or edits it keeps
@@ -49,12 +52,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..paths import cache_dir
+from .batch_invariant import batch_invariant
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 CACHE_FILE = "cpu_linear.json"
 FORCE_ENV = "FASTMODE_CPU_LINEAR"
-REGIMES = {"decode": 1, "batch": 8, "prefill": 128}  # rows per call each regime is timed at
-PREFILL_ROWS = 64  # a call with this many rows or more uses the prefill choice; 2..63 the batch choice
+# rows per call each regime is timed at; a call of r rows takes the first regime of at least r rows
+REGIMES = {
+    "decode": 1,
+    "rows2": 2,
+    "rows4": 4,
+    "rows8": 8,
+    "rows16": 16,
+    "rows32": 32,
+    "rows64": 64,
+    "prefill": 128,
+}
+SMALL_ROWS = 64  # up to this many rows per call, the small-row buckets; more rows: the prefill choice
 WORKING_SET_BYTES = 96 << 20  # weights cycled through per timing: larger than the L3 caches of common CPUs
 ROUNDS = 5
 
@@ -112,10 +126,14 @@ class CpuLinear(nn.Linear):
         if set(choices) != REGIMES.keys() or unknown:
             raise ValueError(f"choices must name a path for each of {list(REGIMES)}; got {choices}")
         self.choices = dict(choices)
+        # Batch-invariant mode: oneDNN at every row count, one row run as two (its one-row kernel sums in
+        # another order for inputs wider than 1024).
+        self.pad_single_row = False
         self._stored: dict[
             str, tuple[int, torch.Tensor]
         ] = {}  # path -> (weight version it was made at, layout)
-        self._decode, self._batch, self._prefill = (PATHS[choices[r]] for r in REGIMES)
+        self._by_rows = rows_table({r: PATHS[choices[r]] for r in REGIMES})  # rows 0..SMALL_ROWS -> path
+        self._prefill = PATHS[choices["prefill"]]
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, choices: dict[str, str]) -> CpuLinear:
@@ -124,7 +142,12 @@ class CpuLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        path = self._decode if rows == 1 else self._batch if rows < PREFILL_ROWS else self._prefill
+        if rows == 1 and self.pad_single_row:
+            path = self._by_rows[2]
+            flat = x.reshape(1, self.in_features).expand(2, -1).contiguous()
+            out = path.apply(flat, self.stored(path.name), self.bias)[:1]
+            return out.view(*x.shape[:-1], self.out_features)
+        path = self._by_rows[rows] if rows <= SMALL_ROWS else self._prefill
         if path.name == "linear":
             return F.linear(x, self.weight, self.bias)
         out = path.apply(x.reshape(rows, self.in_features).contiguous(), self.stored(path.name), self.bias)
@@ -154,6 +177,18 @@ class CpuLinear(nn.Linear):
     def extra_repr(self) -> str:
         picks = ", ".join(f"{regime}: {path}" for regime, path in self.choices.items())
         return f"{super().extra_repr()}, {picks}"
+
+
+def regime_of(rows: int, regimes: dict[str, int] = REGIMES) -> str:
+    """The regime a call of ``rows`` rows runs in: the first (fewest rows) timed at ``rows`` or more, else
+    the last one (a prompt's rows)."""
+    return next((name for name, timed in regimes.items() if rows <= timed), list(regimes)[-1])
+
+
+def rows_table(by_regime: dict[str, object]) -> list:
+    """``table[r]``: what ``by_regime`` holds for the regime of ``r`` rows, r = 0..SMALL_ROWS (a list
+    lookup in the hot path instead of a search)."""
+    return [by_regime[regime_of(max(1, rows))] for rows in range(SMALL_ROWS + 1)]
 
 
 # ---- the decision cache ---------------------------------------------------------------------------
@@ -425,13 +460,18 @@ def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
     shape (``$FASTMODE_CPU_LINEAR``'s path when set); a shape they do not name keeps ``F.linear``. Kept as
     ``model.linear_decisions``. A tensor-parallel worker takes rank 0's decisions here instead of measuring:
     it runs fewer threads than rank 0, so its timings would be filed under another machine key."""
-    forced = forced_choices()
+    forced, invariant = forced_choices(), batch_invariant()
     for parent, child_name, linear in list(_linears(model)):
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
         decision = decisions.get(key)
         choices = forced or (decision and {regime: pick["path"] for regime, pick in decision.items()})
+        pad = invariant and forced is None and PATHS["onednn"].supports(linear.weight.dtype)
+        if pad:
+            choices = dict.fromkeys(REGIMES, "onednn")
         if choices:
-            setattr(parent, child_name, CpuLinear.from_linear(linear, choices))
+            cpu_linear = CpuLinear.from_linear(linear, choices)
+            cpu_linear.pad_single_row = pad
+            setattr(parent, child_name, cpu_linear)
     model.linear_decisions = decisions
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .batch_invariant import batch_invariant
 from .blocks import cdiv
 
 DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups of similar context length
@@ -135,6 +136,11 @@ class TorchPagedStep:
     of its keys, so the context is one view (``context_run``). Blocks in several runs are gathered:
     reading each run in place and merging by log-sum-exp measured slower than the gather up to 2k tokens of
     context (``bench decode --attention``).
+
+    With ``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) each query row attends alone,
+    over exactly its own context in token order (a view of the cache where the sequence's blocks ascend in one
+    run, else gathered; no padding, no mask, one SDPA call per row): its result does not depend on the step's
+    other rows.
     """
 
     def __init__(
@@ -148,6 +154,12 @@ class TorchPagedStep:
     ):
         self.num_blocks = cdiv(max_seq_len, block_size)
         q_lens = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
+        self.invariant = batch_invariant()
+        if self.invariant:  # per sequence: its first query token, query count, context length, block table
+            self.rows_of = list(
+                zip(query_start_loc[:-1].tolist(), q_lens, seq_lens.tolist(), block_table.long(), strict=True)
+            )
+            self.block_size = block_size
         self.num_single = num_single = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
         self.num_seqs = len(q_lens)
         table = block_table[:, : self.num_blocks].long()
@@ -185,6 +197,8 @@ class TorchPagedStep:
     ) -> torch.Tensor:
         """q ``[T, Hq, D]`` against one layer's caches
         ``[num_blocks, block_size, Hkv, D]`` -> ``[T, Hq, D]``."""
+        if self.invariant:
+            return self._attend_rows(q, k_cache, v_cache, sm_scale)
         if self.num_single == self.num_seqs:  # decodes only: no output buffer to fill
             return self._decode(q, k_cache, v_cache, sm_scale)
         out = torch.empty_like(q)
@@ -200,6 +214,30 @@ class TorchPagedStep:
         qs = q[self.token].transpose(1, 2)  # [P, Hq, longest, D]
         attended = _sdpa(qs, keys, values, self.prefill_mask, sm_scale).transpose(1, 2)  # [P, longest, Hq, D]
         out[self.token_valid] = attended[self.valid]
+        return out
+
+    def _attend_rows(self, q, k_cache, v_cache, sm_scale):
+        """Batch-invariant attention: each query row alone over its own context, in token order."""
+        out = torch.empty_like(q)
+        for first, q_len, seq_len, blocks in self.rows_of:
+            used = blocks[: cdiv(seq_len, self.block_size)]
+            start = first_of_run(used)
+            if start is not None:  # ascending blocks: the context is a view of the cache, in token order
+                keys, values = (
+                    c[start : start + len(used)].reshape(1, -1, *c.shape[2:]).transpose(1, 2)
+                    for c in (k_cache, v_cache)
+                )
+            else:
+                keys, values = (
+                    c.index_select(0, used).reshape(1, -1, *c.shape[2:]).transpose(1, 2)
+                    for c in (k_cache, v_cache)
+                )
+            for j in range(q_len):
+                length = seq_len - q_len + j + 1
+                row = q[first + j : first + j + 1].unsqueeze(2)  # [1, Hq, 1, D]
+                out[first + j] = _sdpa(row, keys[:, :, :length], values[:, :, :length], None, sm_scale)[
+                    0, :, 0
+                ]
         return out
 
     @staticmethod

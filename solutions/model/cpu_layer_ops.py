@@ -35,13 +35,15 @@ from torch import nn
 from torch.export import Dim
 
 from ..kernels.cpu_aot import CompileFailed, Runner, compile_function, package_path, require_compiler
-from ..kernels.cpu_linear import PREFILL_ROWS, REGIMES, cached_decisions, fastest_rounds, machine_key
+from ..kernels.cpu_linear import cached_decisions, fastest_rounds, machine_key
 from ..paths import cache_dir, kernel_cache_dir, shown
 from .llama import PLAIN_OPS, LayerOps, add_rms_norm, apply_rope, rms_norm, silu_mul
 
 log = logging.getLogger("fastmode")
 CACHE_FILE = "cpu_layer_ops.json"
 PATHS = ("plain", "compiled")
+REGIMES = {"decode": 1, "batch": 8, "prefill": 128}  # rows per call each regime is timed at
+PREFILL_ROWS = 64  # a call with this many rows or more uses the prefill choice; 2..63 the batch choice
 CALLS_PER_ROUND = 32  # calls timed back to back per round: a one-row chain takes microseconds
 
 
@@ -285,7 +287,7 @@ def cpu_layer_ops(model: nn.Module, use_cache: bool = True) -> LayerOps:
     machine = machine_key({"paths": list(PATHS), "regimes": REGIMES})
     decisions = {}
     if fused:
-        decisions = cached_decisions(measures, use_cache, cache_dir() / CACHE_FILE, machine, PATHS)
+        decisions = cached_decisions(measures, use_cache, cache_dir() / CACHE_FILE, machine, PATHS, REGIMES)
     model.layer_ops_decisions = {keys[name]: decisions[keys[name]] for name in fused}
     chosen = {}
     for name, chain in CHAINS.items():

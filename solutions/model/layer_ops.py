@@ -14,6 +14,7 @@ import os
 import torch
 
 from ..kernels import fused_ops
+from ..kernels.batch_invariant import batch_invariant
 from .cpu_layer_ops import cpu_layer_ops
 from .llama import PLAIN_OPS, LayerOps
 
@@ -34,11 +35,12 @@ def triton_layer_ops() -> LayerOps:
 
 
 def fused_ops_enabled() -> bool:
-    """``$FASTMODE_FUSED``: "1" (the default) lets a device use fused ops, "0" keeps ``PLAIN_OPS``."""
+    """``$FASTMODE_FUSED``: "1" (the default) lets a device use fused ops, "0" keeps ``PLAIN_OPS``; so does
+    ``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``: the fused ops round differently)."""
     value = os.environ.get("FASTMODE_FUSED", "1")
     if value not in ("0", "1"):
         raise ValueError(f"FASTMODE_FUSED must be 0 or 1, got {value!r}")
-    return value == "1"
+    return value == "1" and not batch_invariant()
 
 
 def select_layer_ops(device: str | torch.device, model: torch.nn.Module | None = None) -> LayerOps:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kernels.batch_invariant import batch_invariant
 from ..kernels.paged_torch import first_of_run, kept_slots, write_slots
 
 
@@ -221,7 +222,9 @@ class TreeAttention:
 
     Per step, each tree's cache rows (context, then its nodes) and its additive mask are made once; per layer,
     its keys are a view of the cache when those rows are consecutive (a lone sequence in a fresh cache), else
-    one ``index_select``, and torch's fused attention applies the mask.
+    one ``index_select``, and torch's fused attention applies the mask. With ``$FASTMODE_BATCH_INVARIANT=1``
+    each node attends alone instead, over its context and its own path in token order with no mask, as the
+    same token would alone once its path is accepted (``kernels/batch_invariant.py``).
     """
 
     def __init__(
@@ -250,6 +253,16 @@ class TreeAttention:
                 first_of_run(slots) if slots.device.type == "cpu" else None
             )  # reading GPU values would sync
             self.trees.append((rows, slots, first, additive.to(slots.device)))
+        # Batch-invariant mode: per tree, per node, the cache rows it sees (its context, then its path).
+        self.node_slots = None
+        if batch_invariant():
+            self.node_slots = [
+                [
+                    slots[seen]
+                    for seen in torch.cat([torch.ones(len(mask), len(context), dtype=torch.bool), mask], 1)
+                ]
+                for (_, slots, _, _), (_, context, mask) in zip(self.trees, trees, strict=True)
+            ]
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.store_only:
@@ -258,6 +271,8 @@ class TreeAttention:
         else:
             out = self.paged(layer, q, k, v)
         flat_k, flat_v = (cache[layer].view(-1, *k.shape[1:]) for cache in (self.k_cache, self.v_cache))
+        if self.node_slots is not None:
+            return self._attend_nodes(q, flat_k, flat_v, out)
         for rows, slots, first, mask in self.trees:
             if first is not None:
                 keys, values = flat_k[first : first + len(slots)], flat_v[first : first + len(slots)]
@@ -271,4 +286,22 @@ class TreeAttention:
                 enable_gqa=True,
             )
             out[rows] = attended[0].transpose(0, 1).to(out.dtype)
+        return out
+
+    def _attend_nodes(
+        self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, out: torch.Tensor
+    ) -> torch.Tensor:
+        """Batch-invariant: each tree node's query alone over the cache rows it sees, in token order, one
+        unmasked SDPA call each (``TorchPagedStep``'s per-row call, so a node's result is the one its token
+        gets alone)."""
+        for (rows, _, _, _), seen in zip(self.trees, self.node_slots, strict=True):
+            for node, slots in enumerate(seen):
+                keys, values = (
+                    flat.index_select(0, slots).transpose(0, 1)[None] for flat in (flat_k, flat_v)
+                )
+                row = (
+                    q[rows.start + node : rows.start + node + 1].to(keys.dtype).unsqueeze(2)
+                )  # [1, Hq, 1, D]
+                attended = F.scaled_dot_product_attention(row, keys, values, enable_gqa=True)
+                out[rows.start + node] = attended[0, :, 0].to(out.dtype)
         return out

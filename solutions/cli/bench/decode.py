@@ -43,6 +43,7 @@ from ...bench.machine import machine_name
 from ...bench.roofline import decode_bytes_per_token, measure_read_bandwidth
 from ...bench.step_split import attention_flops, gemm_flops, linear_flops, linear_seconds
 from ...bench.timing import alternating_ms
+from ...bench.verify_rows import verify_engine, verify_step_ms
 from ...engine.outputs import RequestOutput
 from ...kernels import paged_torch
 from ...kernels.blocks import cdiv
@@ -86,9 +87,18 @@ def main(argv: list[str] | None = None) -> int:
         help="only compare the CPU layer ops (plain, fused, torch.compile) on this engine",
     )
     add("--attention", action="store_true", help="only time batch-1 attention vs its bytes")
+    add(
+        "--rows",
+        type=_row_counts,
+        default=None,
+        help="only time a step verifying ROWS tokens (e.g. 1,2,4,8,16) against one row, per dtype",
+    )
+    add("--tree", action="store_true", help="with --rows: verify the rows as a draft tree (tree mask)")
     args = parser.parse_args(argv)
     if args.attention:
         return _attention_only(args)
+    if args.rows:
+        return _rows_only(args)
     if args.fused_ops:
         return _fused_ops_only(args)
 
@@ -180,6 +190,52 @@ def print_layer_ops(model: LlamaModel) -> None:
     print(f"layer ops: {model.ops.name}" + (" (measured at load, cached per machine):" if decisions else ""))
     if decisions:
         print("\n".join(decision_lines(decisions)))
+
+
+def _row_counts(text: str) -> list[int]:
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--rows takes row counts >= 1 separated by commas, got {text!r}")
+    return counts if counts[0] == 1 else [1, *counts]
+
+
+ROW_ENGINES = {
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "awq int4": {"quantization": "awq"},
+}
+ROWS_GOAL = 1.15  # 8 rows at most this many times one row's step
+
+
+def _rows_only(args: argparse.Namespace) -> int:
+    """A step verifying each row count's tokens (``bench/verify_rows.py``), per dtype, against one row."""
+    print(f"machine: {machine_name('cpu')}, torch {torch.__version__}")
+    shape = "tree (chain-shaped, tree mask)" if args.tree else "chain"
+    print(
+        f"one request verifying ROWS - 1 drafts as a {shape} after a 256-token context: ms per step, median "
+        f"of {max(args.repeats, 3)} alternated rounds [min-max], and its ratio to one row"
+    )
+    print(f"{'engine':<10}" + "".join(f"{f'{r} rows':>26}" for r in args.rows))
+    ratios = {}
+    for name, options in ROW_ENGINES.items():
+        llm = verify_engine(tree=args.tree, device="cpu", **options)
+        timings = verify_step_ms(llm, args.rows, rounds=max(args.repeats, 3))
+        one = timings[0].median_ms
+        cells = [
+            f"{t.median_ms:6.1f} [{t.low_ms:.0f}-{t.high_ms:.0f}] {t.median_ms / one:4.2f}x" for t in timings
+        ]
+        print(f"{name:<10}" + "".join(f"{c:>26}" for c in cells))
+        ratios[name] = {t.rows: t.median_ms / one for t in timings}
+        llm.shutdown()
+    if 8 in args.rows:
+        verdicts = [
+            f"{name} {r[8]:.2f}x ({'met' if r[8] <= ROWS_GOAL else 'not met'})" for name, r in ratios.items()
+        ]
+        print(f"goal: 8 rows <= {ROWS_GOAL}x one row: " + "; ".join(verdicts))
+    return 0
 
 
 def _attention_only(args: argparse.Namespace) -> int:
