@@ -101,6 +101,7 @@ class Engine:
         # every worker allocates the same KV blocks; each step reaches them first
         if self.workers is not None:
             self.workers.start(cache, self.runner)
+        self.runner.tune_eager_decode()  # on CUDA: every decode key a step can meet, before the first step
         if self.device.type == "cuda" and not config.enforce_eager:
             if resolve_backend(config.attention_backend, self.device) == "triton":
                 self.runner.capture_decode_graphs(config.max_graph_rows)

@@ -17,6 +17,7 @@ that holds it, each token a sequence of its own; every other step (prefill chunk
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import torch
 from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..kernels.attention_backend import resolve_backend
-from ..kernels.paged_attention import tune_decode
+from ..kernels.paged_attention import eager_decode_shapes, tune_decode
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, GraphOutputs, batch_buckets
@@ -59,11 +60,13 @@ class ModelRunner:
         self.model, self.cache, self.kv = model, cache, kv
         self.attention_backend = attention_backend
         self.device = model.norm.weight.device
-        self.max_model_len = max_model_len
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.batch = InputBatch(
             max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device
         )
         self.graphs: DecodeGraphs | None = None
+        # What start-up spent before the first step: decode tuning (seconds, calls) and the graphs' captures.
+        self.startup: dict = {"tune_s": 0.0, "tuned_calls": 0}
         self.graph_outputs: GraphOutputs | None = None
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
@@ -179,25 +182,42 @@ class ModelRunner:
         dtype = self.model.norm.weight.dtype
         self.graph_outputs = GraphOutputs(buckets[-1], c.vocab_size, c.hidden_size, dtype, self.device)
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
+        self.startup["captures"] = self.graphs.captures
 
     def _tunes_decode(self) -> bool:
         """Whether the decode kernel is autotuned: the Triton backend on CUDA (elsewhere nothing is tuned)."""
         return self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton"
 
+    def tune_eager_decode(self) -> None:
+        """Autotune the decode kernel for every call an eager decode step can make (``eager_decode_shapes``:
+        up to ``max_num_seqs`` sequences, contexts up to ``max_model_len``), at start-up: a step never waits
+        on a tuning run, and no timed run includes one. (Only a step of more decodes than ``max_num_seqs``,
+        which n > 1 forks can make, may still meet an untuned key.) Does nothing where nothing is tuned."""
+        if self._tunes_decode():
+            c = self.model.config
+            shapes = eager_decode_shapes(self.max_num_seqs, self.max_model_len, c.num_kv_heads, self.device)
+            self._tune_decode_calls(shapes)
+
     def _tune_decode_buckets(self, buckets: list[int]) -> None:
         """Autotune the decode kernel for each bucket the graphs will capture, once, before any capture: a
         graph keeps the configuration its capture ran, and a warm-up step cannot tune it (its padding rows
         have no context to time). Each bucket runs ``max_model_len`` contexts, the bound its graph uses."""
-        if not self._tunes_decode():
-            return
-        for bucket in buckets:
+        if self._tunes_decode():
+            self._tune_decode_calls([(bucket, self.max_model_len) for bucket in buckets])
+
+    def _tune_decode_calls(self, shapes: list[tuple[int, int]]) -> None:
+        """``tune_decode`` for each ``(batch, max_seq_len)``, its time and count added to ``startup``."""
+        start = time.perf_counter()
+        for batch, max_seq_len in shapes:
             tune_decode(
                 self.cache.k[0],
                 self.cache.v[0],
-                batch=bucket,
-                max_seq_len=self.max_model_len,
+                batch=batch,
+                max_seq_len=max_seq_len,
                 q_heads=self.model.config.num_heads,
             )
+        self.startup["tune_s"] += time.perf_counter() - start
+        self.startup["tuned_calls"] += len(shapes)
 
     def _pad_bucket(self, bucket: int) -> None:
         """Fill a bucket's static inputs with padding only (a valid batch that touches no live slot)."""
