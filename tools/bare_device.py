@@ -38,10 +38,14 @@ ABSENT = frozenset(
 
 
 class AbsentOnDevice(importlib.abc.MetaPathFinder):
-    """Refuses the modules in ``ABSENT`` (and their submodules) before any other finder looks."""
+    """Refuses the modules in ``ABSENT`` (and their submodules) before any other finder looks, except those
+    named in ``FASTMODE_BARE_ALLOW`` (comma-separated: what a session carried as wheels, gguf for one)."""
+
+    def __init__(self):
+        self.absent = ABSENT - set(os.environ.get("FASTMODE_BARE_ALLOW", "").split(","))
 
     def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] in ABSENT:
+        if name.partition(".")[0] in self.absent:
             raise ImportError(f"{name} is not on the bare device image (tools/bare_device.py blocks it)")
         return None
 

@@ -123,12 +123,21 @@ def engines_for(sections: Iterable[str], device: str) -> list[str]:
 
 class ShapeModels:
     """One shape's checkpoint folder and, built on first use, its engines ("eager", "graphs", "int4") and HF
-    model. ``graph_stand_in``: on a CPU, the "graphs" engine replays recorded graphs (``RecordedCall``)."""
+    model, sized for the selected ``sections`` (their longest request sets ``max_model_len``, which bounds the
+    decode tuning at start-up). ``graph_stand_in``: on a CPU, the "graphs" engine replays recorded graphs
+    (``RecordedCall``)."""
 
     def __init__(
-        self, name: str, folder: Path, device: str, sizes: Sizes, max_num_seqs: int, graph_stand_in: bool
+        self,
+        name: str,
+        folder: Path,
+        device: str,
+        sizes: Sizes,
+        max_num_seqs: int,
+        graph_stand_in: bool = False,
+        sections: Iterable[str] = ENGINE_SECTIONS,
     ):
-        self.name, self.folder, self.device = name, folder, device
+        self.name, self.folder, self.device, self.sections = name, folder, device, set(sections)
         self.sizes, self.max_num_seqs, self.graph_stand_in = sizes, max_num_seqs, graph_stand_in
         self.dtype = EngineConfig(device=device).dtype
         self.built: dict = {}
@@ -141,11 +150,13 @@ class ShapeModels:
             self.shape = SHAPES[self.name]
             write_random_checkpoint(self.shape, self.folder, self.device)
         s = self.sizes
-        longest = max(
-            sum(r[1] for r in (s.prompt_lens, s.output_lens)),
-            s.decode_prompt + s.decode_tokens,
-            s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
-        )
+        lengths = {
+            "throughput": sum(r[1] for r in (s.prompt_lens, s.output_lens)),
+            "decode": s.decode_prompt + s.decode_tokens,
+            "profile": s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
+            "sweep": s.step_prompt + s.warmup_steps + s.timed_steps,
+        }
+        longest = max(length for section, length in lengths.items() if section in self.sections)
         self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
         self.kv_cache_bytes = self._kv_cache_bytes()
         weights = "its Q4_1 weights dequantized to bfloat16" if bundled else "random bfloat16 weights"
@@ -408,7 +419,7 @@ def bench_shape(
     shape_out = report.data.setdefault("shapes", {}).setdefault(name, {})
     load_s = LOAD_S_PER_GB * (SHAPES[name].weight_bytes() / 1e9 if name in SHAPES else 1)
     with tempfile.TemporaryDirectory(prefix=f"fastmode-bench-{name}-") as folder:
-        models = ShapeModels(name, Path(folder), device, sizes, max_num_seqs, graph_stand_in)
+        models = ShapeModels(name, Path(folder), device, sizes, max_num_seqs, graph_stand_in, sections)
         try:
             if not report.section(shape_out, "model", BUDGET_S["model"] + load_s, models.write, reserve):
                 return
