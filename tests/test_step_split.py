@@ -21,4 +21,4 @@ def test_the_parts_add_up_to_the_step_and_the_timers_come_off(llm):
     ]
     assert not wrapped and model.ops is ops_before, "the timers must be removed after measuring"
     assert model.fused_decode is fused_before and getattr(fused_before, "attention", None) is attention_before
-    assert "step" not in vars(llm.engine) and "_sample" not in vars(llm.engine)
+    assert "step" not in vars(llm.engine) and "_sample" not in vars(llm.engine.runner)
