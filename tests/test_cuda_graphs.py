@@ -150,6 +150,44 @@ def test_each_bucket_is_tuned_before_its_capture_and_padding_only_pads(tiny_fold
     events.clear()
     runner._pad_bucket(buckets[-1])
     assert events == [], "padding a bucket tuned it"
+    captures = runner.startup["captures"]
+    assert [c["bucket"] for c in captures] == buckets[::-1], "captures are recorded largest first"
+    assert all(c["seconds"] >= 0 and c["MiB"] is None for c in captures), "a stand-in holds no device memory"
+    assert runner.startup["tuned_calls"] == len(buckets)
+
+
+def test_every_eager_decode_call_was_tuned_at_start_up(tiny_folder, monkeypatch):
+    """No request waits on a tuner (issue 47): ``tune_eager_decode`` tunes one call of every decode tuning key
+    an eager step can meet, so the decode calls of joins, finishes and preemption all hit tuned keys."""
+    from solutions.engine import runner as runner_module
+    from solutions.kernels.paged_attention import decode_tuning_key
+
+    tuned = []
+    record = lambda *a, batch, max_seq_len, **kw: tuned.append((batch, max_seq_len))
+    monkeypatch.setattr(runner_module, "tune_decode", record)
+    llm = make_llm(tiny_folder, max_num_seqs=5, kv_cache_memory=18 * BLOCK_BYTES)
+    runner = llm.engine.runner
+    assert tuned == [] and runner.startup["tuned_calls"] == 0, "a CPU engine tuned the decode kernel"
+    monkeypatch.setattr(runner, "_tunes_decode", lambda: True)  # as on CUDA with the Triton backend
+    runner.tune_eager_decode()
+    assert runner.startup["tuned_calls"] == len(tuned) == len(set(tuned)) > 1
+    kv_heads, device = llm.engine.model_config.num_kv_heads, runner.device
+    keys = {decode_tuning_key(batch, kv_heads, length, device) for batch, length in tuned}
+    assert len(keys) == len(tuned), "two tuning calls share a key: one was wasted"
+    met, forward = [], runner.forward
+    monkeypatch.setattr(
+        runner,
+        "forward",
+        lambda inputs, *a: (
+            met.append((len(inputs.seq_lens), inputs.max_seq_len, inputs.max_query_len))
+            or forward(inputs, *a)
+        ),
+    )
+    run_schedule(llm, arrivals(5))
+    decodes = {(batch, length) for batch, length, queries in met if queries == 1}
+    assert len({batch for batch, _ in decodes}) > 2, "the schedule met too few batch sizes to prove much"
+    untuned = [(b, n) for b, n in decodes if decode_tuning_key(b, kv_heads, n, device) not in keys]
+    assert not untuned, f"decode calls (batch, longest context) {untuned} would tune inside a step"
 
 
 def as_on_a_gpu(llm) -> list[int]:
@@ -274,9 +312,9 @@ def test_a_greedy_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path,
     for _ in range(3):  # prefill, then warm steps
         engine.step()
     drafted, execute = [], engine.runner.execute
-    engine.runner.execute = lambda plan, **kw: drafted.append(
-        [len(r.spec_token_ids) for r in plan.scheduled]
-    ) or execute(plan, **kw)
+    engine.runner.execute = lambda plan, **kw: (
+        drafted.append([len(r.spec_token_ids) for r in plan.scheduled]) or execute(plan, **kw)
+    )
     calls = count_host_reads(monkeypatch, ("engine", "speculative"))
     for reads, chains in zip(reads_of_each_step(engine, calls, 5), drafted, strict=True):
         assert chains == [3, 3, 3], "every request drafts a whole chain: the test proves less"
@@ -308,9 +346,9 @@ def test_a_sampled_eagle_chain_step_reads_the_device_twice(tiny_folder, tmp_path
     for _ in range(3):  # prefill, then warm steps
         engine.step()
     drafted, execute = [], engine.runner.execute
-    engine.runner.execute = lambda plan, **kw: drafted.append(
-        [len(r.spec_token_ids) for r in plan.scheduled]
-    ) or execute(plan, **kw)
+    engine.runner.execute = lambda plan, **kw: (
+        drafted.append([len(r.spec_token_ids) for r in plan.scheduled]) or execute(plan, **kw)
+    )
     calls = count_host_reads(monkeypatch, ("engine", "speculative"))
     for reads, chains in zip(reads_of_each_step(engine, calls, 4), drafted, strict=True):
         assert chains == [3, 3, 3], "every request drafts a whole chain: the test proves less"

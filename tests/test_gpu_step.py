@@ -86,3 +86,50 @@ def test_the_kv_budget_holds_back_exactly_the_bytes_the_graphs_keep(tiny_folder)
     counted = graph_bytes(model.config, model.norm.weight.dtype, config.max_graph_rows, 256, runner.device)
     assert len(runner.graphs.buckets) > 1 and len(kept) == 2  # one logits and one hidden buffer in all
     assert sum(kept.values()) == runner.graph_outputs.nbytes == counted
+
+
+def test_the_runner_learns_block_tables_from_the_plan_alone(tiny_folder):
+    """The runner holds no cache manager (issue 47): each plan carries the tables created, changed or freed
+    since the last one, and with them every scheduled request's row holds exactly the manager's table, through
+    joins, n = 2 forks, preemption (a cache of 9 blocks), finishes and an abort."""
+    from solutions.cache.kv_cache_manager import KVCacheManager
+
+    block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x KV heads x head_dim x float32
+    llm = make_llm(tiny_folder, kv_cache_memory=10 * block_bytes, max_model_len=128)
+    engine, batch = llm.engine, llm.engine.runner.batch
+    holders = [engine.runner, batch]
+    assert not any(isinstance(v, KVCacheManager) for h in holders for v in vars(h).values())
+    checked, prepare = [], batch.prepare
+
+    def checked_prepare(scheduled, num_scheduled, block_tables, **kw):
+        inputs = prepare(scheduled, num_scheduled, block_tables, **kw)
+        for request in scheduled:
+            row = batch.row_of[request.request_id]
+            rows_table = batch.block_table[row, : batch.num_blocks[row]].tolist()
+            assert rows_table == engine.kv.block_table(request.request_id), (
+                f"{request.request_id}'s row is stale"
+            )
+        checked.append(len(scheduled))
+        return inputs
+
+    batch.prepare = checked_prepare
+    preempted, preempt = [], engine.scheduler._preempt
+    engine.scheduler._preempt = lambda request: preempted.append(request) or preempt(request)
+    g = torch.Generator().manual_seed(3)
+    for i in range(5):
+        prompt = torch.randint(0, 101, (9 + 11 * i,), generator=g).tolist()
+        n = 2 if i == 1 else 1
+        params = SamplingParams(temperature=0.9, seed=i, n=n, max_tokens=20 + 7 * i, ignore_eos=True)
+        engine.add_request(prompt, params, request_id=f"r{i}")
+    for step in range(400):
+        if step == 12:
+            engine.abort("r3")
+        engine.step()
+        if not engine.has_unfinished_requests():
+            break
+    assert preempted and max(checked) > 1, "the schedule never preempted or batched: the test proves less"
+    assert engine.stats().kv_blocks_used == 0
+    assert engine.step() == [], "nothing to run: a plan with nothing scheduled, which no runner sees"
+    engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=1), request_id="last")
+    engine.step()  # its plan also carries the frees of the steps before it
+    assert set(batch.tables) == set(batch.row_of) == {"last"}, "a freed table or row outlived its request"

@@ -30,7 +30,7 @@ def test_the_parts_add_up_to_the_step_and_the_timers_come_off(llm):
     ]
     assert not wrapped and model.ops is ops_before, "the timers must be removed after measuring"
     assert model.fused_decode is fused_before and getattr(fused_before, "attention", None) is attention_before
-    assert "step" not in vars(llm.engine) and "_sample" not in vars(llm.engine)
+    assert "step" not in vars(llm.engine) and "_sample" not in vars(llm.engine.runner)
 
 
 def test_step_kind_names_prompt_chunks_decodes_and_their_mix():
@@ -53,5 +53,5 @@ def test_a_batched_run_split_by_kind_accounts_for_every_token_and_its_timers_com
     assert sum(k.tokens for k in split.values()) == sum(map(len, prompts)) + sum(outputs) - len(prompts)
     for kind in split.values():
         assert set(kind.seconds) == set(SPLIT) and kind.total_s > 0
-    assert "schedule" not in vars(llm.engine.scheduler) and "_sample" not in vars(llm.engine)
+    assert "schedule" not in vars(llm.engine.scheduler) and "_sample" not in vars(llm.engine.runner)
     assert not llm.engine.has_unfinished_requests()

@@ -47,12 +47,18 @@ def modules_run(llm: LLM, prompt: str, params: Callable[[int], SamplingParams]) 
     return run
 
 
-def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]:
+def decode_speeds(
+    runs: dict,
+    new_tokens: int,
+    repeats: int,
+    each_repeat: Callable[[dict[str, float]], None] = lambda speeds: None,
+) -> dict[str, float]:
     """Median decode tokens/s of each ``runs[name](n)`` (generates n tokens), measured alternately: each
     repeat runs every engine once, so drifts in machine speed hit them all alike. A repeat's figure is
     (t(new_tokens) - t(1)) / (new_tokens - 1), t(1) the fastest of three runs: a pause of the machine in the
     one short run it is subtracted from would otherwise count against the decode steps (on a busy host, enough
-    to make a small model's figure negative)."""
+    to make a small model's figure negative). ``each_repeat`` gets the medians so far after every repeat
+    (a report saves them as they exist)."""
     for run in runs.values():
         run(8)  # warm up
     figures: dict[str, list[float]] = {name: [] for name in runs}
@@ -60,6 +66,7 @@ def decode_speeds(runs: dict, new_tokens: int, repeats: int) -> dict[str, float]
         for name, run in runs.items():
             one = min(_seconds(run, 1) for _ in range(3))
             figures[name].append((_seconds(run, new_tokens) - one) / (new_tokens - 1))
+        each_repeat({name: 1 / statistics.median(f) for name, f in figures.items()})
     return {name: 1 / statistics.median(f) for name, f in figures.items()}
 
 

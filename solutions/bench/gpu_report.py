@@ -1,11 +1,12 @@
 """The record of one ``bench gpu`` run: guarded, time-boxed sections that fill a JSON document, written (with
 its markdown tables) after every section, so a run cut short still leaves what it measured.
 
-    report.data = {"header": {...}, "bandwidth": {...}, "shapes": {name: {"model", "decode", "profile",
-                   "sweep", "throughput"}}, "speculative": {...}}
+    report.data = {"header": {...}, "bandwidth": {...}, "shapes": {name: {"model", "engines", "decode",
+                   "profile", "sweep", "throughput"}}, "speculative": {...}}
 
-Every section's dict starts with ``status`` ("ok", "failed", "timed out", "skipped") and ``seconds``; a failed
-one carries ``error``, a skipped one ``reason``, and both keep what was measured before they stopped.
+Every section's dict starts with ``status`` ("ok", "failed", "timed out", "skipped"; "running" in a file
+written mid-section) and ``seconds``; a failed one carries ``error``, a skipped one ``reason``, and both keep
+what was measured before they stopped.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ def run_header(device: str, command: str, commit: str | None, preset: str, time_
 
 
 class Section:
-    """What a running section fills (``out``) and when its time is up (``ends_at``, ``time.monotonic()``)."""
+    """What a running section fills (``out``) and when its time is up (``ends_at``, ``time.monotonic()``).
+    ``save()`` writes what it holds so far (status "running"): a section calls it the moment a row exists, so
+    a run killed from outside still leaves every row measured."""
 
-    def __init__(self, ends_at: float):
+    def __init__(self, ends_at: float, save: Callable[[], None] = lambda: None):
         self.out: dict = {}
         self.ends_at = ends_at
+        self.save = save
 
     def seconds_left(self) -> float:
         return self.ends_at - time.monotonic()
@@ -117,8 +121,14 @@ class Report:
             parent[key] = {"status": "skipped", "seconds": 0.0, "reason": "the run's time limit was reached"}
         else:
             budget = min(budget_s, left)
-            section = Section(time.monotonic() + budget)
             start = time.monotonic()
+
+            def save_so_far() -> None:
+                elapsed = round(time.monotonic() - start, 1)
+                parent[key] = {"status": "running", "seconds": elapsed, **section.out}
+                self.save()
+
+            section = Section(start + budget, save_so_far)
             status, detail = "ok", {}
             try:
                 with _alarm(budget):
@@ -167,7 +177,7 @@ def _alarm(seconds: float) -> Iterator[None]:
 
 
 # The markdown: one block per section, the run in order.
-SHAPE_SECTIONS = ("model", "decode", "profile", "sweep", "throughput")
+SHAPE_SECTIONS = ("model", "engines", "decode", "profile", "sweep", "throughput")
 
 
 def _num(value, digits: int = 1) -> str:
@@ -230,6 +240,24 @@ def _model(s: dict) -> list[str]:
     ]
 
 
+def _engines(s: dict) -> list[str]:
+    caption = (
+        "Start-up, before any timed region: each engine built (weights loaded), its decode kernel tuned for "
+        "every call a step can make, its decode graphs captured (largest first, into one pool); seconds, "
+        "and the device memory the graphs added."
+    )
+    graph_mib = lambda r: None if not r.get("captures") else sum(c["MiB"] or 0 for c in r["captures"])
+    table = _columns(s["rows"], {
+        "engine": lambda r: r["engine"], "build s": lambda r: _num(r["build_s"]),
+        "tuning s": lambda r: _num(r.get("tune_s")),
+        "tuned calls": lambda r: str(r.get("tuned_calls", "-")),
+        "graphs": lambda r: str(len(r.get("captures") or [])),
+        "capture s": lambda r: _num(r.get("capture_s")),
+        "graph MiB": lambda r: _num(graph_mib(r), 0),
+    })  # fmt: skip
+    return [caption, "", *table]
+
+
 def _columns(records: list[dict], columns: dict[str, Callable[[dict], str]]) -> list[str]:
     """A markdown table of one row per record, each column's cell ``columns[name](record)`` (the first column
     left-aligned, the others right)."""
@@ -251,6 +279,8 @@ def _decode(s: dict) -> list[str]:
         "of roofline": lambda r: _share(r.get("roofline_share")),
     })  # fmt: skip
     lines = [caption, "", *table]
+    if s.get("sampled"):
+        lines += ["", f"Sampled: {s['sampled']}."]
     if s.get("ratios"):
         ratios = [f"{k.replace('_vs_', ' / ').replace('hf', 'HF')} {v:.2f}x" for k, v in s["ratios"].items()]
         lines += ["", "tok/s ratios: " + ", ".join(ratios)]
@@ -338,6 +368,7 @@ def _speculative(s: dict) -> list[str]:
 SECTION_TABLES = {
     "bandwidth": (None, "copy_GBps", _bandwidth),
     "model": (None, "config", _model),
+    "engines": ("### Start-up: tuning and graph capture", "rows", _engines),
     "decode": ("### Batch-1 decode", "rows", _decode),
     "profile": ("### One decode step", "rows", _profile),
     "sweep": ("### Batch sweep: per-request speed vs total throughput", "rows", _sweep),

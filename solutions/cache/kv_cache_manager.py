@@ -100,7 +100,7 @@ class KVCacheManager:
 
     def block_table_view(self, request_id: str) -> list[int]:
         """The request's live block table, not a copy: read it, never change it (the runner's persistent batch
-        copies a table only when ``take_changed_tables`` names it)."""
+        copies a table only when a plan's ``block_tables``, filled from ``take_changed_tables``, names it)."""
         return self._table(request_id)
 
     def holds(self, request_id: str) -> bool:

@@ -114,7 +114,8 @@ class DecodeGraphs:
     """One captured decode forward per bucket. ``forward(bucket)`` runs the model on the static inputs
     of that bucket and returns its outputs (the runner's: the first ``bucket`` rows of its ``GraphOutputs``);
     ``warm_up(bucket)`` fills the inputs with a valid batch (padding only) first, since a graph records
-    the kernels its first run chooses."""
+    the kernels its first run chooses. ``captures`` says what each bucket's capture cost, in capture order:
+    ``{"bucket", "seconds", "MiB"}`` (device memory it added; None for the CPU stand-in)."""
 
     def __init__(
         self,
@@ -125,24 +126,32 @@ class DecodeGraphs:
     ):
         self.buckets = sorted(buckets)
         self.graphs: dict[int, CudaGraph | RecordedCall] = {}
-        pool = torch.cuda.graph_pool_handle() if graph_type is CudaGraph else None
-        start = time.perf_counter()
-        used_before = torch.cuda.memory_allocated() if graph_type is CudaGraph else 0
+        self.captures: list[dict] = []
+        on_cuda = graph_type is CudaGraph
+        pool = torch.cuda.graph_pool_handle() if on_cuda else None
         for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
+            start = time.perf_counter()
+            used_before = torch.cuda.memory_allocated() if on_cuda else 0
             warm_up(bucket)
-            forward(bucket)  # eager first: kernels compile and autotune outside the capture
+            forward(bucket)  # eager first: kernels compile outside the capture
             graph = graph_type(pool)
             graph.capture(lambda bucket=bucket: forward(bucket))
             self.graphs[bucket] = graph
-        if graph_type is CudaGraph:
-            torch.cuda.synchronize()
-            log.info(
-                "captured %d decode graphs (batch %s) in %.1f s, %.0f MiB of graph memory",
-                len(self.buckets),
-                ",".join(map(str, self.buckets)),
-                time.perf_counter() - start,
-                (torch.cuda.memory_allocated() - used_before) / 2**20,
-            )
+            if on_cuda:
+                torch.cuda.synchronize()
+            mib = (torch.cuda.memory_allocated() - used_before) / 2**20 if on_cuda else None
+            self.captures.append({"bucket": bucket, "seconds": time.perf_counter() - start, "MiB": mib})
+        log.info(
+            "captured %d decode graphs (batch %s) in %.1f s, %s MiB of graph memory",
+            len(self.buckets),
+            ",".join(map(str, self.buckets)),
+            self.capture_seconds,
+            "-" if not on_cuda else f"{sum(c['MiB'] for c in self.captures):.0f}",
+        )
+
+    @property
+    def capture_seconds(self) -> float:
+        return sum(c["seconds"] for c in self.captures)
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The smallest bucket that holds ``num_tokens`` tokens, or None when they are more than every graph

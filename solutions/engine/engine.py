@@ -2,12 +2,13 @@
 appends, and returns what advanced.
 
     step():  spec.propose(running)                 drafts, when speculating (speculator.py; else nothing)
-             plan = scheduler.schedule()           which requests run how many tokens (no tensors)
-             out = runner.execute(plan)            one flat forward pass over every scheduled token
-             verified = spec.verify(plan, out)     accepted runs of drafts (Lesson 4), read back
-             tokens = _sample(plan, out, verified) one batched draw on the device for the other rows, read
-                                                   back with the step's one device-to-host copy
-             _update(plan, tokens)                 fork n > 1 completions, append any number of tokens,
+             plan = scheduler.schedule()           which requests run how many tokens (no tensors), and the
+                                                   block tables that changed
+             step = runner.run_step(plan, verify)  the runner's step: one flat forward pass over every
+                                                   scheduled token; the verify's accepted runs of drafts
+                                                   (Lesson 4); one batched draw on the device for the other
+                                                   rows, read back with the step's one device-to-host copy
+             _update(plan, step.tokens)            fork n > 1 completions, append any number of tokens,
                                                    stop rules, free blocks
              _outputs(advanced)                    metrics, and snapshots of the requests that advanced
 """
@@ -25,7 +26,6 @@ from ..cache.kv_cache_manager import KVCacheManager
 from ..config import EngineConfig
 from ..kernels.attention_backend import backend_for_model, resolve_backend
 from ..kernels.cpu_linear import decisions_line, use_fastest_linears
-from ..kernels.sampling import filtered_probs, sample
 from ..model.cpu_decode_layers import decode_layers
 from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
@@ -37,7 +37,7 @@ from . import logprobs
 from .kv_sizing import allocate_kv_cache
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
-from .runner import ModelOutput, ModelRunner
+from .runner import ModelRunner
 from .sampling_batch import SamplingBatch
 from .scheduler import Scheduler, SchedulerOutput
 from .speculator import NO_SPECULATION, Speculator
@@ -89,18 +89,20 @@ class Engine:
             model, dtype = self.model, cache.k.dtype
             model.fused_decode = int4_decode_layers(model, dtype) or decode_layers(model, dtype)
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, config.enable_prefix_caching)
+        self.sampling = SamplingBatch(self.model_config.vocab_size, self.device)
         self.runner = ModelRunner(
             self.model,
             cache,
-            self.kv,
             config.max_num_seqs,
             self.max_model_len,
             config.max_num_batched_tokens,
             config.attention_backend,
+            self.sampling,
         )
         # every worker allocates the same KV blocks; each step reaches them first
         if self.workers is not None:
             self.workers.start(cache, self.runner)
+        self.runner.tune_eager_decode()  # on CUDA: every decode key a step can meet, before the first step
         if self.device.type == "cuda" and not config.enforce_eager:
             if resolve_backend(config.attention_backend, self.device) == "triton":
                 self.runner.capture_decode_graphs(config.max_graph_rows)
@@ -110,7 +112,6 @@ class Engine:
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
         # Lesson 4: drafts before each step, verifies after it.
-        self.sampling = SamplingBatch(self.model_config.vocab_size, self.device)
         self.speculator = (
             Speculator(config, self.model, self.kv, cache, self.sampling) if config.speculative else None
         )
@@ -131,18 +132,16 @@ class Engine:
             return []
         self._start_metrics(plan)
         prompt_logprobs = logprobs.wants_prompt_logprobs(plan)
-        out = self.runner.execute(
-            plan, return_hidden=spec.needs_hidden or prompt_logprobs, trees=spec.tree_parents()
+        # The runner's whole step: forward, the verify (accepted runs; rejected drafts' K/V rolled back), the
+        # draw, and the step's one read (or the verify's).
+        step = self.runner.run_step(
+            plan, spec.verify, return_hidden=spec.needs_hidden or prompt_logprobs, trees=spec.tree_parents()
         )
-        for request in plan.scheduled:
-            request.num_computed += plan.num_scheduled_tokens[request.request_id]
-        verified = spec.verify(plan, out)  # accepted runs; the rejected drafts' K/V rolled back
-        new_tokens = self._sample(plan, out, verified)  # the step's one read (or the verify's)
-        advanced = self._update(plan, new_tokens)
+        advanced = self._update(plan, step.tokens)
         if prompt_logprobs:  # engine/logprobs.py: only when a request asks (no read otherwise)
-            logprobs.record_prompt(plan, out, self.model, self.tokenizer)
+            logprobs.record_prompt(plan, step.model, self.model, self.tokenizer)
         if logprobs.wants_logprobs(plan):
-            logprobs.record_sampled(out, verified, new_tokens, self.tokenizer)
+            logprobs.record_sampled(step.model, step.verified, step.tokens, self.tokenizer)
         return self._outputs(advanced)
 
     def _start_metrics(self, plan: SchedulerOutput) -> None:
@@ -153,42 +152,6 @@ class Engine:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
                 metrics.num_cached_tokens = request.num_computed
-
-    def _sample(
-        self, plan: SchedulerOutput, out: ModelOutput, verified: dict[str, list[int]]
-    ) -> list[tuple[Request, list[int]]]:
-        """Each advancing request's new tokens, in plan order: the ``verified`` run of a request that verified
-        drafts, else one token drawn for each request that reached the end of its tokens and for each
-        unforked completion of its group (n > 1: they draw from the first one's row, and follow it). Reads
-        the drawn ids back even when none was drawn (a prompt chunk alone), unless the verify has read:
-        either read ends the step's device work."""
-        requests, rows, accepted = [], [], []
-        for request in plan.scheduled:
-            span = out.logits_spans.get(request.request_id)
-            if request.request_id in verified:
-                accepted.append((request, verified[request.request_id]))
-            elif span is not None:
-                for draw in (request, *request.group.unforked):
-                    requests.append(draw)
-                    rows.append(span.stop - 1)
-        if not rows and verified:
-            return accepted
-        tokens = self.runner.read_tokens(self._draw(out.logits, requests, rows))
-        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)] + accepted
-
-    def _draw(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> torch.Tensor:
-        """One token id per request, ``requests[i]`` drawing from ``logits[rows[i]]`` on the device."""
-        if not rows:
-            return torch.empty(0, dtype=torch.int64, device=logits.device)
-        in_order = rows == list(range(logits.shape[0]))  # the rows are exactly the logits, in order
-        if all(r.params.greedy for r in requests):
-            if not in_order:
-                logits = logits.index_select(0, self.sampling.logits_index(rows))
-            return logits.argmax(dim=-1)
-        drawn = self.sampling.sample_rows(requests, rows)
-        if not in_order:
-            logits = logits.index_select(0, drawn.logits_index)
-        return sample(filtered_probs(logits, drawn.settings), drawn.uniform)
 
     def _update(
         self, plan: SchedulerOutput, new_tokens: list[tuple[Request, list[int]]]

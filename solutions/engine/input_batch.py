@@ -32,7 +32,6 @@ import torch
 from ..kernels.blocks import cache_slots, cdiv
 
 if TYPE_CHECKING:
-    from ..cache.kv_cache_manager import KVCacheManager
     from .request import Request
 
 
@@ -158,9 +157,10 @@ class InputBatch:
     """One row per running request, kept across steps; ``prepare`` turns a plan into ``StepInputs``.
 
     Invariants: ``row_of`` maps each request with a row to it, and ``free_rows`` holds the rest; a row's
-    ``token_ids[:num_tokens_written]`` are its request's first tokens; ``block_table[row, :num_blocks]``
-    equals the cache manager's table for it, and the rest of the row is 0 (the null block), unless its request
-    id is in the manager's pending changes (applied first thing in ``prepare``).
+    ``token_ids[:num_tokens_written]`` are its request's first tokens; ``tables`` holds the block table (the
+    cache manager's live list, handed over in a plan's ``block_tables``) of every request holding blocks;
+    ``block_table[row, :num_blocks]`` equals its request's table, and the rest of the row is 0 (the null
+    block), once the step's table changes are applied (first thing in ``prepare``).
     """
 
     def __init__(
@@ -178,6 +178,7 @@ class InputBatch:
         self.num_blocks = [0] * max_num_seqs
         self.num_tokens_written = [0] * max_num_seqs
         self.row_of: dict[str, int] = {}
+        self.tables: dict[str, list[int]] = {}
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_tokens = max_num_tokens
         # A step holds at most one sequence per token; the running requests (forks of n > 1 completions may
@@ -191,14 +192,18 @@ class InputBatch:
 
     # -- the persistent rows -----------------------------------------------------------------------------
 
-    def sync_tables(self, kv: KVCacheManager) -> None:
-        """Apply the cache manager's table changes: rewrite the rows of requests whose table changed, release
-        the rows of requests that hold no blocks any more (finished, aborted, preempted)."""
-        for request_id in kv.take_changed_tables():
+    def sync_tables(self, changed: dict[str, list[int] | None]) -> None:
+        """Apply a plan's table changes (``SchedulerOutput.block_tables``): keep each new table, rewrite the
+        rows of requests whose table changed, release the rows of requests that hold no blocks any more
+        (finished, aborted, preempted)."""
+        for request_id, table in changed.items():
+            if table is None:
+                self.tables.pop(request_id, None)
+            else:
+                self.tables[request_id] = table
             row = self.row_of.get(request_id)
             if row is None:
                 continue
-            table = kv.block_table_view(request_id) if kv.holds(request_id) else None
             if table is None:
                 del self.row_of[request_id]
                 self.free_rows.append(row)
@@ -214,12 +219,15 @@ class InputBatch:
             self.block_table[row, len(table) : old] = 0
         self.num_blocks[row] = len(table)
 
-    def _new_row(self, request: Request, kv: KVCacheManager) -> int:
+    def _new_row(self, request: Request) -> int:
         """Give a request its row (with its whole table) the first time it is scheduled."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            raise RuntimeError(f"request {request.request_id!r} is scheduled; no plan gave its block table")
         if not self.free_rows:
             self._grow()
         row = self.row_of[request.request_id] = self.free_rows.pop()
-        self._write_table(row, kv.block_table_view(request.request_id))
+        self._write_table(row, table)
         return row
 
     def _grow(self) -> None:
@@ -265,19 +273,20 @@ class InputBatch:
         self,
         scheduled: list[Request],
         num_scheduled: dict[str, int],
-        kv: KVCacheManager,
+        block_tables: dict[str, list[int] | None],
         tree_positions: dict[str, np.ndarray] | None = None,
         bucket: int | None = None,
     ) -> StepInputs:
         """Write the step's inputs for the scheduled requests (decodes first) and send them to the device.
 
+        ``block_tables``: the plan's table changes (``SchedulerOutput.block_tables``), applied first.
         ``tree_positions[request_id]``: RoPE positions of a request verifying a draft tree (depth-based; its
         slots stay consecutive). ``bucket``: lay the step out as the decode graph of that bucket
         (``decode_layout``): every token must want its logits (decodes, chains being verified). A step of one
         token per request, each wanting its logits, takes the same decode path without padding; any other
         (prefill chunks, drafts verified eagerly, trees) the mixed one."""
-        self.sync_tables(kv)
-        step = self._gather(scheduled, num_scheduled, kv, tree_positions)
+        self.sync_tables(block_tables)
+        step = self._gather(scheduled, num_scheduled, tree_positions)
         if step.num_tokens > self.max_num_tokens:
             raise ValueError(f"a step of {step.num_tokens} tokens exceeds the batch's {self.max_num_tokens}")
         every_token_wants_logits = step.num_tokens == step.num_logits
@@ -298,7 +307,6 @@ class InputBatch:
         self,
         scheduled: list[Request],
         num_scheduled: dict[str, int],
-        kv: KVCacheManager,
         tree_positions: dict[str, np.ndarray] | None,
     ) -> _Gathered:
         """The one per-request Python loop of a step: each request's row (given one the first time it is
@@ -311,7 +319,7 @@ class InputBatch:
             request_id = request.request_id
             row = self.row_of.get(request_id)
             if row is None:
-                row = self._new_row(request, kv)
+                row = self._new_row(request)
             first, count, total = request.num_computed, num_scheduled[request_id], request.num_tokens
             end = first + count
             if self.num_tokens_written[row] < end:

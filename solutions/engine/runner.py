@@ -1,4 +1,6 @@
-"""The model runner: turns a ``SchedulerOutput`` into one flat batch, runs the model once, returns logits.
+"""The model runner owns a step: ``run_step`` turns a ``SchedulerOutput`` (its only input: the requests,
+their token counts, the block tables that changed) into one flat batch, runs the model once, verifies drafts
+(the speculator's callback) and draws the other rows' next tokens, and returns them.
 
 For the step's ``T`` tokens (decodes first, then prefill chunks and draft verifications) the persistent input
 batch (``input_batch.py``) builds::
@@ -12,25 +14,29 @@ last known token: one row for a decode or a final prefill chunk, ``1 + k`` rows 
 tokens, none for an unfinished prefill chunk. When graphs were captured (``capture_decode_graphs``), a step
 whose every token wants its logits (decodes, and requests verifying draft chains) replays the smallest bucket
 that holds it, each token a sequence of its own; every other step (prefill chunks, draft trees) runs eagerly.
-``read_tokens`` is the step's one device-to-host copy: the sampled token ids.
+``read_tokens`` is the step's one device-to-host copy: the sampled token ids. ``execute`` alone is the
+forward (tests and tools call it for logits).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..cache.kv_cache_manager import KVCacheManager
 from ..cache.paged_kv_cache import AttentionMetadata, PagedAttention, PagedKVCache
 from ..kernels.attention_backend import resolve_backend
-from ..kernels.paged_attention import tune_decode
+from ..kernels.paged_attention import eager_decode_shapes, tune_decode
+from ..kernels.sampling import filtered_probs, sample
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, GraphOutputs, batch_buckets
 from .input_batch import InputBatch, StepInputs
+from .request import Request
+from .sampling_batch import SamplingBatch
 from .scheduler import SchedulerOutput
 
 
@@ -45,25 +51,41 @@ class ModelOutput:
     hidden: torch.Tensor | None = None
 
 
+@dataclass
+class StepOutput:
+    """``run_step``'s result: each advancing request's new tokens (the drawn ones, then the verified runs),
+    the forward's ``model`` output, and the verified runs by request id."""
+
+    tokens: list[tuple[Request, list[int]]]
+    model: ModelOutput
+    verified: dict[str, list[int]]
+
+
+Verify = Callable[[SchedulerOutput, ModelOutput], dict[str, list[int]]]
+
+
 class ModelRunner:
     def __init__(
         self,
         model: LlamaModel,
         cache: PagedKVCache,
-        kv: KVCacheManager,
         max_num_seqs: int,
         max_model_len: int,
         max_num_batched_tokens: int,
         attention_backend: str = "auto",
+        sampling: SamplingBatch | None = None,
     ):
-        self.model, self.cache, self.kv = model, cache, kv
+        self.model, self.cache = model, cache
+        self.sampling = sampling  # the draw's per-request settings (None on a tensor-parallel worker)
         self.attention_backend = attention_backend
         self.device = model.norm.weight.device
-        self.max_model_len = max_model_len
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.batch = InputBatch(
             max_num_seqs, max_model_len, cache.block_size, max_num_batched_tokens, self.device
         )
         self.graphs: DecodeGraphs | None = None
+        # What start-up spent before the first step: decode tuning (seconds, calls) and the graphs' captures.
+        self.startup: dict = {"tune_s": 0.0, "tuned_calls": 0}
         self.graph_outputs: GraphOutputs | None = None
         on_cuda = self.device.type == "cuda"
         self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
@@ -93,7 +115,7 @@ class ModelRunner:
             num_tokens = sum(counts[r.request_id] for r in scheduled)
             bucket = self.graphs.bucket_for(num_tokens)
         if bucket is not None:
-            inputs = self.batch.prepare(scheduled, counts, self.kv, bucket=bucket)
+            inputs = self.batch.prepare(scheduled, counts, plan.block_tables, bucket=bucket)
             logits, hidden = self.graphs.replay(bucket)
             hidden = hidden[:num_tokens] if return_hidden else None
             return ModelOutput(logits[:num_tokens], inputs.logits_spans, hidden)
@@ -104,12 +126,67 @@ class ModelRunner:
                     : counts[request.request_id]
                 ]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
-        inputs = self.batch.prepare(scheduled, counts, self.kv, tree_positions=positions)
+        inputs = self.batch.prepare(scheduled, counts, plan.block_tables, tree_positions=positions)
         if self.step_broadcast is not None:  # the other ranks run this same forward on their shards
             self.step_broadcast(plan.block_copies, inputs, self.batch.staging.device)
         tree_specs = self._tree_specs(plan, inputs, tree_parents) if tree_parents else None
         logits, hidden = self.forward(inputs, tree_specs)
         return ModelOutput(logits, inputs.logits_spans, hidden if return_hidden else None)
+
+    def run_step(
+        self,
+        plan: SchedulerOutput,
+        verify: Verify = lambda plan, out: {},
+        return_hidden: bool = False,
+        trees: dict[str, list[int]] | None = None,
+    ) -> StepOutput:
+        """The whole step (nano-vllm's ``run``, vLLM v1's execute and sample): ``execute`` the plan, advance
+        each scheduled request's ``num_computed`` by its planned tokens, ``verify`` (the speculator's: the
+        accepted runs of drafts, read back; nothing when not speculating), then draw every other row that
+        wants a token and read the draws back. Invariant: it reads the device back before it returns (the
+        draws, even none, or the verify's verdicts), so no copy it sent from a staging buffer is still in
+        flight when the next step writes its inputs."""
+        out = self.execute(plan, return_hidden=return_hidden, trees=trees)
+        for request in plan.scheduled:
+            request.num_computed += plan.num_scheduled_tokens[request.request_id]
+        verified = verify(plan, out)
+        return StepOutput(self._sample(plan, out, verified), out, verified)
+
+    def _sample(
+        self, plan: SchedulerOutput, out: ModelOutput, verified: dict[str, list[int]]
+    ) -> list[tuple[Request, list[int]]]:
+        """Each advancing request's new tokens, in plan order: the ``verified`` run of a request that verified
+        drafts, else one token drawn for each request that reached the end of its tokens and for each
+        unforked completion of its group (n > 1: they draw from the first one's row, and follow it). Reads
+        the drawn ids back even when none was drawn (a prompt chunk alone), unless the verify has read:
+        either read ends the step's device work."""
+        requests, rows, accepted = [], [], []
+        for request in plan.scheduled:
+            span = out.logits_spans.get(request.request_id)
+            if request.request_id in verified:
+                accepted.append((request, verified[request.request_id]))
+            elif span is not None:
+                for draw in (request, *request.group.unforked):
+                    requests.append(draw)
+                    rows.append(span.stop - 1)
+        if not rows and verified:
+            return accepted
+        tokens = self.read_tokens(self._draw(out.logits, requests, rows))
+        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)] + accepted
+
+    def _draw(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> torch.Tensor:
+        """One token id per request, ``requests[i]`` drawing from ``logits[rows[i]]`` on the device."""
+        if not rows:
+            return torch.empty(0, dtype=torch.int64, device=logits.device)
+        in_order = rows == list(range(logits.shape[0]))  # the rows are exactly the logits, in order
+        if all(r.params.greedy for r in requests):
+            if not in_order:
+                logits = logits.index_select(0, self.sampling.logits_index(rows))
+            return logits.argmax(dim=-1)
+        drawn = self.sampling.sample_rows(requests, rows)
+        if not in_order:
+            logits = logits.index_select(0, drawn.logits_index)
+        return sample(filtered_probs(logits, drawn.settings), drawn.uniform)
 
     def forward(
         self, inputs: StepInputs, tree_specs: list | None = None
@@ -179,29 +256,46 @@ class ModelRunner:
         dtype = self.model.norm.weight.dtype
         self.graph_outputs = GraphOutputs(buckets[-1], c.vocab_size, c.hidden_size, dtype, self.device)
         self.graphs = DecodeGraphs(buckets, self._decode_forward, self._pad_bucket, graph_type)
+        self.startup["captures"] = self.graphs.captures
 
     def _tunes_decode(self) -> bool:
         """Whether the decode kernel is autotuned: the Triton backend on CUDA (elsewhere nothing is tuned)."""
         return self.device.type == "cuda" and resolve_backend(self.attention_backend, self.device) == "triton"
 
+    def tune_eager_decode(self) -> None:
+        """Autotune the decode kernel for every call an eager decode step can make (``eager_decode_shapes``:
+        up to ``max_num_seqs`` sequences, contexts up to ``max_model_len``), at start-up: a step never waits
+        on a tuning run, and no timed run includes one. (Only a step of more decodes than ``max_num_seqs``,
+        which n > 1 forks can make, may still meet an untuned key.) Does nothing where nothing is tuned."""
+        if self._tunes_decode():
+            c = self.model.config
+            shapes = eager_decode_shapes(self.max_num_seqs, self.max_model_len, c.num_kv_heads, self.device)
+            self._tune_decode_calls(shapes)
+
     def _tune_decode_buckets(self, buckets: list[int]) -> None:
         """Autotune the decode kernel for each bucket the graphs will capture, once, before any capture: a
         graph keeps the configuration its capture ran, and a warm-up step cannot tune it (its padding rows
         have no context to time). Each bucket runs ``max_model_len`` contexts, the bound its graph uses."""
-        if not self._tunes_decode():
-            return
-        for bucket in buckets:
+        if self._tunes_decode():
+            self._tune_decode_calls([(bucket, self.max_model_len) for bucket in buckets])
+
+    def _tune_decode_calls(self, shapes: list[tuple[int, int]]) -> None:
+        """``tune_decode`` for each ``(batch, max_seq_len)``, its time and count added to ``startup``."""
+        start = time.perf_counter()
+        for batch, max_seq_len in shapes:
             tune_decode(
                 self.cache.k[0],
                 self.cache.v[0],
-                batch=bucket,
-                max_seq_len=self.max_model_len,
+                batch=batch,
+                max_seq_len=max_seq_len,
                 q_heads=self.model.config.num_heads,
             )
+        self.startup["tune_s"] += time.perf_counter() - start
+        self.startup["tuned_calls"] += len(shapes)
 
     def _pad_bucket(self, bucket: int) -> None:
         """Fill a bucket's static inputs with padding only (a valid batch that touches no live slot)."""
-        self.batch.prepare([], {}, self.kv, bucket=bucket)
+        self.batch.prepare([], {}, {}, bucket=bucket)
 
     def _decode_forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model over a bucket's static inputs, every row a decode (one query, its logits wanted): logits

@@ -25,12 +25,17 @@ from .request import Request, Status
 class SchedulerOutput:
     """This step's plan. ``scheduled`` lists single-token requests (decodes) first, then the rest; request
     ``r`` runs ``num_scheduled_tokens[r.request_id]`` tokens: ``all_token_ids[r.num_computed:]`` then its
-    draft tokens. ``block_copies`` are copy-on-write ``(src, dst)`` pairs to apply before the forward pass."""
+    draft tokens. ``block_copies`` are copy-on-write ``(src, dst)`` pairs to apply before the forward pass.
+    ``block_tables`` holds the block table of every request whose table was created, changed or freed since
+    the previous plan (by this schedule, or by the last step's finishes, forks and rolled-back drafts, or an
+    abort): the cache manager's live list (read it, never change it), or None once the request holds no
+    blocks. It is all the runner learns of the cache manager."""
 
     scheduled: list[Request] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    block_tables: dict[str, list[int] | None] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -110,6 +115,12 @@ class Scheduler:
         scheduled = [r for r in self.running if r.request_id in out.num_scheduled_tokens]
         out.scheduled = sorted(scheduled, key=lambda r: out.num_scheduled_tokens[r.request_id] != 1)
         out.block_copies = self.kv.take_copies()
+        if out.scheduled:  # a plan that runs nothing reaches no runner: its changes wait for the next one
+            kv = self.kv
+            out.block_tables = {
+                request_id: kv.block_table_view(request_id) if kv.holds(request_id) else None
+                for request_id in kv.take_changed_tables()
+            }
         return out
 
     def _tokens_needed(self, request: Request) -> int:

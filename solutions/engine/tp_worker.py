@@ -72,7 +72,6 @@ def run_worker(rank: int, config: EngineConfig, store_port: int, conn: Connectio
         runner = ModelRunner(
             model,
             cache,
-            None,
             config.max_num_seqs,
             setup.max_model_len,
             config.max_num_batched_tokens,

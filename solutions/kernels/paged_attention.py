@@ -376,6 +376,8 @@ PROGRAMS_PER_SM = 4
 # The fewest positions a decode program reads (two 64-key tiles), and the most programs a context is cut into.
 MIN_SPLIT_LEN = 128
 MAX_SPLITS = 64
+# In the interpreter a decode program reads this many positions (a multiple of MIN_SPLIT_LEN).
+INTERPRETER_SPLIT_LEN = 1024
 
 
 def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -386,10 +388,50 @@ def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch
     For a CUDA graph, call it with the bucket's batch and the engine's ``max_model_len`` and pass the result
     as ``num_splits``: every sequence then cuts its own context into that many ranges."""
     if device.type != "cuda":
-        return max(1, cdiv(max_seq_len, 1024))
+        return max(1, cdiv(max_seq_len, INTERPRETER_SPLIT_LEN))
     index = torch.cuda.current_device() if device.index is None else device.index
     wanted = cdiv(PROGRAMS_PER_SM * _sm_count(index), max(1, batch * kv_heads))
     return max(1, min(wanted, cdiv(max_seq_len, MIN_SPLIT_LEN), MAX_SPLITS))
+
+
+def decode_tuning_key(
+    batch: int, kv_heads: int, max_seq_len: int, device: torch.device, num_splits: int | None = None
+) -> tuple[int, int, int]:
+    """``(splits, tune_programs, tune_tiles)`` of a decode call: its split count (``num_splits``, default
+    ``decode_num_splits``) and the two bucketed sizes its autotuning is keyed on (with ``splits > 1``, the
+    head dim, block size, query-head block and dtypes, fixed for one engine)."""
+    splits = num_splits or decode_num_splits(batch, kv_heads, max_seq_len, device)
+    programs = pow2_bucket(batch * kv_heads * splits, 1, 1 << 16)
+    return splits, programs, pow2_bucket(cdiv(max_seq_len, splits), 16, 1 << 16)
+
+
+def eager_decode_shapes(
+    max_batch: int, max_seq_len: int, kv_heads: int, device: torch.device
+) -> list[tuple[int, int]]:
+    """Every decode tuning key that an eager step of at most ``max_batch`` sequences, the longest at most
+    ``max_seq_len`` tokens, can meet, as one ``(batch, max_seq_len)`` call of each (the last of that key in
+    (batch, length) order): ``tune_decode`` on each at start-up leaves no key for a request to wait on."""
+    shapes = {}
+    lengths = _key_run_ends(max_seq_len)
+    for batch in range(1, max_batch + 1):
+        for seq_len in lengths:
+            splits, programs, tiles = decode_tuning_key(batch, kv_heads, seq_len, device)
+            shapes[(splits > 1, programs, tiles)] = (batch, seq_len)
+    return sorted(shapes.values())
+
+
+def _key_run_ends(max_seq_len: int) -> list[int]:
+    """The last context length of each run of lengths in ``[1, max_seq_len]`` over which a decode call's
+    tuning key cannot change at a fixed batch: its split count changes only where ``cdiv(n, MIN_SPLIT_LEN)``
+    (or, in the interpreter, ``cdiv(n, INTERPRETER_SPLIT_LEN)``, a multiple of it) does, its tile bucket only
+    where ``cdiv(n, splits)`` passes a power of two."""
+    ends = {max_seq_len, *range(MIN_SPLIT_LEN, max_seq_len, MIN_SPLIT_LEN)}
+    for splits in range(1, max(MAX_SPLITS, cdiv(max_seq_len, INTERPRETER_SPLIT_LEN)) + 1):
+        power = 1
+        while splits * power < max_seq_len:
+            ends.add(splits * power)
+            power *= 2
+    return sorted(ends)
 
 
 def paged_attention(
@@ -433,7 +475,8 @@ def paged_attention(
         return out.to(in_dtype)
     cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
     if max_query_len == 1:
-        splits = num_splits or decode_num_splits(batch, kv_heads, max_seq_len, q.device)
+        key = decode_tuning_key(batch, kv_heads, max_seq_len, q.device, num_splits)
+        splits, tune_programs, tune_tiles = key
         if splits > 1:
             target = torch.empty(q.shape[0], q_heads, splits, head_dim, device=q.device, dtype=torch.float32)
             lse = torch.empty(q.shape[0], q_heads, splits, device=q.device, dtype=torch.float32)
@@ -447,9 +490,7 @@ def paged_attention(
             block_table, query_start_loc, seq_lens,
             q.stride(0), q.stride(1), *cache_strides,
             block_table.stride(0), *target.stride()[:3], lse.stride(0), lse.stride(1),
-            group, splits, qk_scale,
-            pow2_bucket(batch * kv_heads * splits, 1, 1 << 16),
-            pow2_bucket(cdiv(max_seq_len, splits), 16, 1 << 16),
+            group, splits, qk_scale, tune_programs, tune_tiles,
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=block_h, SPLIT=splits > 1,
         )  # fmt: skip
         if splits > 1:

@@ -41,13 +41,22 @@ def quick_bench(kernel_call: Callable[[], object], quantiles: Sequence[float]) -
     return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
 
 
+def tuned_key_count() -> int:
+    """How many (kernel, key) pairs this process has autotuned so far: a benchmark reads it before and after a
+    timed region to show that no tuning ran inside it."""
+    return sum(len(kernel.tuned_keys) for kernel in TunedKernel.instances)
+
+
 class TunedKernel:
     """``kernel`` autotuned over ``configs`` on CUDA (keyed on the keyword arguments named in ``key`` and the
     dtypes of the tensor arguments, as ``triton.autotune`` does), run with ``interpreter_config`` elsewhere.
 
     ``prune(configs, head_dim)`` may drop configurations that cannot fit a head dim (``HEAD_DIM`` is then a
     keyword argument of every call). Call it as ``tuned(grid, *args, **kwargs)``, ``grid`` a function of the
-    chosen configuration's meta-parameters (``lambda meta: (...)``), never passing a tuned meta-parameter."""
+    chosen configuration's meta-parameters (``lambda meta: (...)``), never passing a tuned meta-parameter.
+    ``instances`` holds every one made (``tuned_key_count`` sums their keys)."""
+
+    instances: list[TunedKernel] = []
 
     def __init__(
         self,
@@ -71,6 +80,7 @@ class TunedKernel:
             configs, key=key, prune_configs_by={"early_config_prune": early_prune}, do_bench=quick_bench
         )(kernel)
         self.tuned_keys: set[tuple] = set()
+        TunedKernel.instances.append(self)
 
     def __call__(self, grid: Callable[[dict], tuple[int, ...]], *args, **kwargs) -> None:
         if not autotunes_on(args[0].device) or os.environ.get("FASTMODE_AUTOTUNE", "1") == "0":

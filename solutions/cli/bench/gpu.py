@@ -1,20 +1,26 @@
 """``python -m solutions bench gpu``: the engine on a GPU in one run, every figure beside its peers.
 
-For each named shape (a real model's config with random bfloat16 weights, see ``model_shapes``) it measures:
+For each named shape (a real model's config with random bfloat16 weights, see ``model_shapes``) it first
+builds the engines its sections use and records their start-up (``engines``: build seconds, the decode
+kernel's tuning, each graph bucket's capture seconds and device memory), so no tuning or capture runs in a
+timed region, then measures:
 
 - decode: batch-1 decode tok/s of this engine eager (``enforce_eager=True``), this engine with its default
-  (CUDA graphs where the engine has them), on CUDA the same with INT4 weights (W4A16: RTN codes in AWQ's
-  format, which time as AWQ's do) and Hugging Face ``generate`` on the same folder, against the roofline
-  (weight bytes per token over the measured copy bandwidth);
+  (CUDA graphs where the engine has them), the same sampling (temperature 0.8, top-p 0.95), on CUDA the same
+  with INT4 weights (W4A16: RTN codes in AWQ's format, which time as AWQ's do) and Hugging Face ``generate``
+  on the same folder, against the roofline (weight bytes per token over the measured copy bandwidth);
 - profile: one decode step's wall time vs GPU busy time, kernels, host syncs and copies (``torch.profiler``);
 - sweep: steady-state decode at batch 1, 2, 4, ... max_num_seqs: per-request and aggregate tok/s;
 - throughput: nano-vllm's workload (``benchmarks/bench.py`` there: 256 requests, random token ids below
   10,000, prompt and output lengths uniform in [100, 1024], EOS ignored), greedy, this engine vs HF static
-  batches;
+  batches, after a warm-up on other prompts of the same lengths (the prefill kernel's keys tuned there; the
+  keys tuned inside the timed run are counted);
 
 then EAGLE chain and n-gram speculative decoding at batch 1 on the bundled model, when it is installed.
-Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are rewritten after each one
-(``bench/gpu_report.py`` keeps the record). How much each section measures is ``Sizes`` (``FULL``, or
+Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are rewritten after each one and
+whenever a section has a new row (``bench/gpu_report.py`` keeps the record). On a CPU, ``--graph-stand-in``
+gives the "graphs" engine recorded graphs (``cuda_graphs.RecordedCall``): ``tools/gpu_session.sh --dry-run``
+runs the GPU session's sections so. How much each section measures is ``Sizes`` (``FULL``, or
 ``QUICK`` with ``--quick``); a shape's models are ``ShapeModels``, each built on first use.
 """
 
@@ -43,7 +49,9 @@ from ...bench.step_split import step_breakdown
 from ...bench.throughput import make_workload, run_engine, run_hf_static
 from ...bench.timing import bandwidth_gbps, device_sync, timer_name
 from ...config import EngineConfig
+from ...engine.cuda_graphs import RecordedCall
 from ...kernels.blocks import cdiv
+from ...kernels.tuning import tuned_key_count
 from ...llm import LLM
 from ...model import loader
 from ...sampling_params import SamplingParams
@@ -54,11 +62,19 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 SECTIONS = ("bandwidth", "decode", "profile", "sweep", "throughput", "spec")
+ENGINE_SECTIONS = (
+    "decode",
+    "profile",
+    "sweep",
+    "throughput",
+)  # a shape's sections, after "model" and "engines"
 DEFAULT_SHAPES = ("smollm2-1.7b", "smollm2-135m")
-BUDGET_S = dict(bandwidth=30, model=60, decode=75, profile=45, sweep=60, throughput=180, spec=60)  # seconds
+BUDGET_S = dict(  # seconds
+    bandwidth=30, model=60, engines=120, decode=75, profile=45, sweep=60, throughput=180, spec=60
+)
 SPEC_RESERVE_S = 45  # kept for the speculative rows (run last) when the shapes' sections near the time limit
 LOAD_S_PER_GB = 6  # added to the budgets of the sections that write or load a shape's weights, per load
-WEIGHT_LOADS = {"decode": 3, "throughput": 2}  # the model section writes them once
+WEIGHT_LOADS = {"engines": 4}  # the model section writes them once; the engines section loads them
 CPU_KV_CACHE_BYTES = 256 << 20
 ENGINES = ("eager", "graphs")
 INT4_KV_CACHE_BYTES = 2 << 30
@@ -78,24 +94,51 @@ Sizes = collections.namedtuple("Sizes", PRESETS)
 FULL, QUICK = (Sizes(*(pair[i] for pair in PRESETS.values())) for i in (0, 1))
 
 
+SAMPLED = dict(temperature=0.8, top_p=0.95, seed=0)  # the decode section's sampled row, beside greedy
 LABELS = {
     "hf": "HF transformers generate",
+    "sampled": "this engine's default, sampled (temperature 0.8, top-p 0.95, seeded)",
     "int4": "this engine, INT4 W4A16 weights (RTN codes: AWQ's format and kernel), CUDA graphs",
     "eager": "this engine, enforce_eager=True",
 }
 
 
-def label(kind: str, device: str) -> str:
+def label(kind: str, device: str, stand_in: bool = False) -> str:
     graphs = " (CUDA graphs)" if device.startswith("cuda") else " (no graphs on a CPU)"
+    if stand_in and not device.startswith("cuda"):
+        graphs = " (the graph stand-in on a CPU)"
     return LABELS.get(kind, "this engine, enforce_eager=False" + graphs)
 
 
-class ShapeModels:
-    """One shape's checkpoint folder and, built on first use, its engines ("eager", "graphs") and HF model."""
+def engines_for(sections: Iterable[str], device: str) -> list[str]:
+    """The engines (and "hf") the selected sections use, in the order they are built."""
+    wanted = {
+        "decode": ["eager", "graphs", *(["int4"] if device.startswith("cuda") else []), "hf"],
+        "profile": list(ENGINES), "sweep": list(ENGINES), "throughput": ["graphs", "hf"],
+    }  # fmt: skip
+    return list(
+        dict.fromkeys(kind for section in ENGINE_SECTIONS if section in sections for kind in wanted[section])
+    )
 
-    def __init__(self, name: str, folder: Path, device: str, sizes: Sizes, max_num_seqs: int):
-        self.name, self.folder, self.device = name, folder, device
-        self.sizes, self.max_num_seqs = sizes, max_num_seqs
+
+class ShapeModels:
+    """One shape's checkpoint folder and, built on first use, its engines ("eager", "graphs", "int4") and HF
+    model, sized for the selected ``sections`` (their longest request sets ``max_model_len``, which bounds the
+    decode tuning at start-up). ``graph_stand_in``: on a CPU, the "graphs" engine replays recorded graphs
+    (``RecordedCall``)."""
+
+    def __init__(
+        self,
+        name: str,
+        folder: Path,
+        device: str,
+        sizes: Sizes,
+        max_num_seqs: int,
+        graph_stand_in: bool = False,
+        sections: Iterable[str] = ENGINE_SECTIONS,
+    ):
+        self.name, self.folder, self.device, self.sections = name, folder, device, set(sections)
+        self.sizes, self.max_num_seqs, self.graph_stand_in = sizes, max_num_seqs, graph_stand_in
         self.dtype = EngineConfig(device=device).dtype
         self.built: dict = {}
 
@@ -107,11 +150,13 @@ class ShapeModels:
             self.shape = SHAPES[self.name]
             write_random_checkpoint(self.shape, self.folder, self.device)
         s = self.sizes
-        longest = max(
-            sum(r[1] for r in (s.prompt_lens, s.output_lens)),
-            s.decode_prompt + s.decode_tokens,
-            s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
-        )
+        lengths = {
+            "throughput": sum(r[1] for r in (s.prompt_lens, s.output_lens)),
+            "decode": s.decode_prompt + s.decode_tokens,
+            "profile": s.step_prompt + s.warmup_steps + s.timed_steps + s.profiled_steps,
+            "sweep": s.step_prompt + s.warmup_steps + s.timed_steps,
+        }
+        longest = max(length for section, length in lengths.items() if section in self.sections)
         self.max_model_len = min(self.shape.max_position_embeddings, longest + 16)
         self.kv_cache_bytes = self._kv_cache_bytes()
         weights = "its Q4_1 weights dequantized to bfloat16" if bundled else "random bfloat16 weights"
@@ -142,6 +187,9 @@ class ShapeModels:
                 kv_cache_memory=INT4_KV_CACHE_BYTES if kind == "int4" else self.kv_cache_bytes,
                 enforce_eager=kind == "eager", quantization="rtn" if kind == "int4" else None,
             )  # fmt: skip
+            engine = self.built[kind].engine
+            if kind == "graphs" and self.graph_stand_in and engine.device.type == "cpu":
+                engine.runner.capture_decode_graphs(engine.config.max_graph_rows, RecordedCall)
         return self.built[kind]
 
     def hf(self) -> PreTrainedModel:
@@ -160,41 +208,72 @@ class ShapeModels:
         return [b for b in wanted if b <= self.max_num_seqs]
 
 
+def measure_engines(models: ShapeModels, kinds: list[str], section: Section) -> None:
+    """Build each engine (and HF's model) the shape's sections use, a row each as it is built: seconds in all,
+    and from the engine's start-up record the decode kernel's tuning (seconds, calls) and each graph's capture
+    (bucket, seconds, MiB)."""
+    section.out["rows"] = []
+    for kind in kinds:
+        start = time.perf_counter()
+        if kind == "hf":
+            models.hf()
+            row = {"engine": kind, "build_s": time.perf_counter() - start}
+        else:
+            startup = models.llm(kind).engine.runner.startup
+            captures = startup.get("captures", [])
+            row = {
+                "engine": kind, "build_s": time.perf_counter() - start, "tune_s": startup["tune_s"],
+                "tuned_calls": startup["tuned_calls"], "capture_s": sum(c["seconds"] for c in captures),
+                "captures": captures,
+            }  # fmt: skip
+        section.out["rows"].append(row)
+        section.save()
+
+
 def measure_decode(models: ShapeModels, bandwidth_GBps: float | None, section: Section) -> None:
     s, device, sync = models.sizes, models.device, device_sync(models.device)
     prompt = random_prompts(1, s.decode_prompt, models.shape.vocab_size, seed=1)[0]
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    sampled = lambda n: SamplingParams(**SAMPLED, max_tokens=n, ignore_eos=True)
     runs = {}
     for kind in (*ENGINES, "int4") if device.startswith("cuda") else ENGINES:
         llm = models.llm(kind)
         runs[kind] = lambda n, llm=llm: (llm.generate([prompt], greedy(n), use_tqdm=False), sync())
+    graphs = models.llm("graphs")
+    runs["sampled"] = lambda n: (graphs.generate([prompt], sampled(n), use_tqdm=False), sync())
     ids = torch.tensor([prompt], device=device)
     runs["hf"] = lambda n: (hf_generate(models.hf(), ids, n), sync())
-    speeds = decode_speeds(runs, s.decode_tokens, s.decode_repeats)
-    weight_bytes = decode_bytes_per_token(models.llm("graphs").engine.model)
+    weight_bytes = decode_bytes_per_token(graphs.engine.model)
     roofline = bandwidth_GBps * 1e9 / weight_bytes if bandwidth_GBps else None
     section.out.update(
         prompt_tokens=s.decode_prompt, new_tokens=s.decode_tokens, repeats=s.decode_repeats,
-        weight_bytes_per_token=weight_bytes, roofline_tok_s=roofline,
+        weight_bytes_per_token=weight_bytes, roofline_tok_s=roofline, sampled=LABELS["sampled"],
     )  # fmt: skip
-    int4_bytes = stored_bytes_per_token(models.llm("int4").engine.model) if "int4" in speeds else None
+    int4_bytes = stored_bytes_per_token(models.llm("int4").engine.model) if "int4" in runs else None
     # The INT4 engine against its own roofline: its bytes per token at the same bandwidth.
     own_bytes = {"int4": int4_bytes}
     share = lambda kind, speed: speed * own_bytes.get(kind, weight_bytes) / (bandwidth_GBps * 1e9)
-    section.out["rows"] = [
-        {
-            "engine": kind, "label": label(kind, device), "tok_s": speed, "ms_per_token": 1e3 / speed,
-            "roofline_share": share(kind, speed) if roofline else None,
-            **({"weight_bytes_per_token": int4_bytes} if kind == "int4" else {}),
+
+    def write(speeds: dict[str, float]) -> None:
+        """The rows and ratios from the medians so far, saved at once."""
+        section.out["rows"] = [
+            {
+                "engine": kind, "label": label(kind, device, models.graph_stand_in), "tok_s": speed,
+                "ms_per_token": 1e3 / speed, "roofline_share": share(kind, speed) if roofline else None,
+                **({"weight_bytes_per_token": int4_bytes} if kind == "int4" else {}),
+            }
+            for kind, speed in speeds.items()
+        ]  # fmt: skip
+        section.out["ratios"] = {
+            "graphs_vs_eager": speeds["graphs"] / speeds["eager"],
+            "graphs_vs_hf": speeds["graphs"] / speeds["hf"],
+            "eager_vs_hf": speeds["eager"] / speeds["hf"],
+            "sampled_vs_greedy": speeds["sampled"] / speeds["graphs"],
+            **({"int4_vs_graphs": speeds["int4"] / speeds["graphs"]} if "int4" in speeds else {}),
         }
-        for kind, speed in speeds.items()
-    ]  # fmt: skip
-    section.out["ratios"] = {
-        "graphs_vs_eager": speeds["graphs"] / speeds["eager"],
-        "graphs_vs_hf": speeds["graphs"] / speeds["hf"],
-        "eager_vs_hf": speeds["eager"] / speeds["hf"],
-        **({"int4_vs_graphs": speeds["int4"] / speeds["graphs"]} if "int4" in speeds else {}),
-    }
+        section.save()
+
+    decode_speeds(runs, s.decode_tokens, s.decode_repeats, write)
     models.release("int4")
 
 
@@ -245,11 +324,14 @@ def measure_steps(models: ShapeModels, section: Section, profile: bool) -> None:
     for kind in ENGINES:
         for batch in models.batches(batches):
             section.out["rows"].append(_steady_steps(models, kind, batch, profile))
+            section.save()
 
 
 def measure_throughput(models: ShapeModels, section: Section) -> None:
     """The workload through this engine (CUDA graphs) and through HF static batches, as ``bench throughput``
-    runs them, HF's batches cut where the section's time runs out."""
+    runs them, HF's batches cut where the section's time runs out. The engine first warms up on other prompts
+    of the workload's lengths (two tokens each), so its prefill kernel is tuned before the timed run; the keys
+    tuned inside that run are counted (``keys_tuned_in_timed_run``, 0 where nothing is tuned)."""
     s, device, sync = models.sizes, models.device, device_sync(models.device)
     # nano-vllm's offline workload: random token ids below min(10,000, vocab), seed 0
     workload = make_workload(
@@ -265,19 +347,30 @@ def measure_throughput(models: ShapeModels, section: Section) -> None:
     }
     models.release("eager")  # room for HF's static batches
     llm = models.llm("graphs")
-    warm_up = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    llm.generate(random_prompts(2, 16, models.shape.vocab_size, seed=7), warm_up, use_tqdm=False)
-    ours = run_engine(llm, workload, label("graphs", device) + f", max_num_seqs={models.max_num_seqs}", sync)
+    vocab = min(10_000, models.shape.vocab_size)
+    others = make_workload(
+        None, s.requests, s.prompt_lens, s.output_lens, 1, vocab
+    ).prompts  # seed 1: no hits
+    llm.generate(others, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    name = label("graphs", device, models.graph_stand_in) + f", max_num_seqs={models.max_num_seqs}"
+    tuned_before = tuned_key_count()
+    ours = run_engine(llm, workload, name, sync)
+    section.out["keys_tuned_in_timed_run"] = tuned_key_count() - tuned_before
+    section.out["rows"] = [_throughput_row("graphs", ours.name, ours)]
+    section.save()
     hf_generate(models.hf(), torch.ones(2, 4, dtype=torch.long, device=device), 2)  # warm-up
     hf = run_hf_static(models.hf(), workload, s.hf_batch, 0, sync, section.seconds_left)
     batches = f"the first {cdiv(hf.requests, s.hf_batch)} of {cdiv(len(workload.prompts), s.hf_batch)}"
     hf_label = f"{hf.name} in arrival order (left-padded, unsorted): {batches}"
-    section.out["rows"] = [
-        {"engine": engine, "label": name, "requests": r.requests, "output_tokens": r.output_tokens,
-         "wall_s": r.wall_s, "output_tok_s": r.output_tokens_per_s}
-        for engine, name, r in (("graphs", ours.name, ours), ("hf", hf_label, hf))
-    ]  # fmt: skip
+    section.out["rows"].append(_throughput_row("hf", hf_label, hf))
     section.out["ratio_vs_hf"] = ours.output_tokens_per_s / hf.output_tokens_per_s
+
+
+def _throughput_row(engine: str, name: str, r) -> dict:
+    return {
+        "engine": engine, "label": name, "requests": r.requests, "output_tokens": r.output_tokens,
+        "wall_s": r.wall_s, "output_tok_s": r.output_tokens_per_s,
+    }  # fmt: skip
 
 
 def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:
@@ -312,16 +405,27 @@ def measure_speculative(device: str, sizes: Sizes, section: Section) -> None:
 
 
 def bench_shape(
-    report: Report, name: str, device: str, sizes: Sizes, sections: list[str], max_num_seqs: int
+    report: Report,
+    name: str,
+    device: str,
+    sizes: Sizes,
+    sections: list[str],
+    max_num_seqs: int,
+    graph_stand_in: bool = False,
 ) -> None:
-    """Every selected section of one shape, in order, within the run's deadline less the spec rows' share."""
+    """Every selected section of one shape, in order, within the run's deadline less the spec rows' share:
+    the checkpoint, the engines they use (every tuning and capture, before any timed region), then each."""
     reserve = SPEC_RESERVE_S if "spec" in sections else 0.0
     shape_out = report.data.setdefault("shapes", {}).setdefault(name, {})
     load_s = LOAD_S_PER_GB * (SHAPES[name].weight_bytes() / 1e9 if name in SHAPES else 1)
     with tempfile.TemporaryDirectory(prefix=f"fastmode-bench-{name}-") as folder:
-        models = ShapeModels(name, Path(folder), device, sizes, max_num_seqs)
+        models = ShapeModels(name, Path(folder), device, sizes, max_num_seqs, graph_stand_in, sections)
         try:
             if not report.section(shape_out, "model", BUDGET_S["model"] + load_s, models.write, reserve):
+                return
+            build = lambda sec: measure_engines(models, engines_for(sections, device), sec)
+            budget = BUDGET_S["engines"] + WEIGHT_LOADS["engines"] * load_s
+            if not report.section(shape_out, "engines", budget, build, reserve):
                 return
             bandwidth = report.data.get("bandwidth", {}).get("copy_GBps")
             measures = {
@@ -331,7 +435,7 @@ def bench_shape(
                 "throughput": lambda sec: measure_throughput(models, sec),
             }
             for key, measure in measures.items():
-                budget = BUDGET_S[key] + WEIGHT_LOADS.get(key, 0) * load_s
+                budget = BUDGET_S[key]
                 if key in sections and not report.section(shape_out, key, budget, measure, reserve):
                     models.release()  # a section cut short can leave requests in flight: start afresh
         finally:
@@ -354,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--time-limit", type=float, default=470, help="seconds; later sections are skipped past it")
     add("--out", default="results", help="folder for the JSON and markdown (default: results)")
     add("--commit", default=None, help="the commit measured (default: git describe, when in git)")
+    add("--graph-stand-in", action="store_true",
+        help="on a CPU: the 'graphs' engine replays recorded graphs (the GPU session's dry run)")  # fmt: skip
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -381,8 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             copy_GBps=bandwidth_gbps(sizes.copy_bytes, device, repeats=sizes.copy_repeats),
         )
         report.section(report.data, "bandwidth", BUDGET_S["bandwidth"], copy)
-    for name in shapes if set(args.sections) & {"decode", "profile", "sweep", "throughput"} else []:
-        bench_shape(report, name, device, sizes, args.sections, args.max_num_seqs)
+    for name in shapes if set(args.sections) & set(ENGINE_SECTIONS) else []:
+        bench_shape(report, name, device, sizes, args.sections, args.max_num_seqs, args.graph_stand_in)
     if "spec" in args.sections:
         report.section(
             report.data, "speculative", BUDGET_S["spec"], lambda sec: measure_speculative(device, sizes, sec)
