@@ -18,7 +18,7 @@ TOY_RUNS = {
     "quant": ["--tokens", "4", "--repeats", "1", "--ppl-tokens", "64"],
     "throughput": ["--num-requests", "2", "--max-num-seqs", "2", "--no-hf", "--split"],
     "kv": ["--requests", "20", "--rounds", "1", "--prefix-len", "64"],
-    "spec": ["--max-tokens", "4", "--prompts", "1", "--rounds", "1"],
+    "spec": ["--max-tokens", "4", "--prompts", "1", "--rounds", "1", "--dtypes", "awq"],  # 3 engines, not 9
     "tp": ["--batch", "1", "--prompt-tokens", "4", "--max-tokens", "4", "--repeats", "1"],
     "serving": ["--num-requests", "2", "--max-tokens", "2", "--no-offline", "--max-model-len", "256"],
 }
