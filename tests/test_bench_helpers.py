@@ -85,3 +85,11 @@ def test_bench_host_times_every_batch_kind_and_mark(capsys):
     recorded = host.StoredLogits()
     first = recorded.capture(lambda: (torch.ones(2, 3), torch.ones(2, 4)))
     assert recorded.replay() is first, "a replay returns the captured logits and states, computing nothing"
+
+
+def test_baseline_moe_reads_every_shape_of_the_gpu_table():
+    from solutions.fast_mode.gpu_results import baseline_moe
+
+    rows = baseline_moe()
+    assert [(r.hidden, r.width) for r in rows] == [(4096, 14336), (2048, 1408), (1024, 2816)]
+    assert (rows[0].grouped_ms, rows[0].loop_ms, rows[0].dense_ms) == (8.183, 5.819, 4.719)

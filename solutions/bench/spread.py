@@ -59,8 +59,8 @@ class Speedup:
 
     @property
     def verdict(self) -> str:
-        """"faster" when every round's ratio is above 1, "slower" when every one is below, else "not
-        distinguishable here": the spread of this run straddles 1."""
+        """The word for this spread: "faster" when every round's ratio is above 1, "slower" when every one
+        is below, else "not distinguishable here" (the spread of this run straddles 1)."""
         if self.low > 1:
             return "faster"
         if self.high < 1:
