@@ -53,7 +53,8 @@ class MoeShape:
         active: ``top_k * width``, the router's ``experts * hidden`` per layer aside)."""
         head_dim = self.hidden // self.heads
         attention = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return self.layers * (attention + 3 * self.hidden * ffn_width) + 2 * self.vocab * self.hidden
+        norms = (2 * self.layers + 1) * self.hidden
+        return self.layers * (attention + 3 * self.hidden * ffn_width) + 2 * self.vocab * self.hidden + norms
 
     def hf_configs(self) -> dict[str, dict]:
         """The three models' ``config.json`` contents, by name."""
