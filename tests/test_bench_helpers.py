@@ -85,3 +85,28 @@ def test_bench_host_times_every_batch_kind_and_mark(capsys):
     recorded = host.StoredLogits()
     first = recorded.capture(lambda: (torch.ones(2, 3), torch.ones(2, 4)))
     assert recorded.replay() is first, "a replay returns the captured logits and states, computing nothing"
+
+
+def test_baseline_moe_reads_every_shape_of_the_gpu_table():
+    from solutions.fast_mode.gpu_results import baseline_moe
+
+    rows = baseline_moe()
+    assert [(r.hidden, r.width) for r in rows] == [(4096, 14336), (2048, 1408), (1024, 2816)]
+    assert (rows[0].grouped_ms, rows[0].loop_ms, rows[0].dense_ms) == (8.183, 5.819, 4.719)
+
+
+def test_moe_decode_models_have_the_parameters_they_claim_and_decode(tmp_path):
+    from solutions.bench.moe_decode import MoeShape, decode_call, load_engines
+
+    shape = MoeShape(hidden=64, width=96, layers=1, heads=4, kv_heads=2, vocab=128, experts=4, top_k=2)
+    engines = load_engines(shape, tmp_path, kv_cache_memory=1 << 20)
+    counted = {name: sum(p.numel() for p in llm.engine.model.parameters()) for name, llm in engines.items()}
+    router = shape.layers * shape.experts * shape.hidden
+    assert counted["moe"] == shape.parameters(shape.experts * shape.width) + router
+    assert counted["dense, same total"] == shape.parameters(shape.experts * shape.width)
+    assert counted["dense, same active"] == shape.parameters(shape.top_k * shape.width)
+    assert engines["moe"].engine.model_config.num_experts_per_tok == 2
+    outputs = decode_call(engines["moe"], 5)()
+    assert len(outputs[0].outputs[0].token_ids) == 5
+    with pytest.raises(ValueError, match="top_k"):
+        MoeShape(experts=2, top_k=3)

@@ -3,8 +3,10 @@
 - ``median_ms``: on CUDA the median of ``triton.testing.do_bench`` (its own warm-up and repeats, the L2 cache
   flushed before each, the device synchronised around them); elsewhere one warm-up call, then the median of
   ``repeats`` wall-clock runs.
-- ``alternating_ms``: several candidates timed in rounds that run each once in turn, so a drift of a noisy
-  machine's speed hits them alike (the CPU tables' form).
+- ``alternating_runs``: several candidates timed in rounds that run each once in turn, so a drift of a noisy
+  machine's speed hits them alike (the CPU tables' and the notebooks' form); every round's time is kept, so
+  ``bench.spread`` can state each one's spread and a verdict on any two. ``alternating_ms`` picks one figure
+  per candidate from the same rounds.
 - ``bandwidth_gbps``: a buffer copied on the device (bytes read + written, the GPU benches' ceiling) or summed
   (bytes read, what a decode step does to its weights: the CPU roofline), timed by ``median_ms``, so that
   every roofline and every "of copy" column is the same measurement.
@@ -46,13 +48,11 @@ def median_ms(fn: Callable[[], object], device: Device = "cpu", repeats: int = 5
     return statistics.median(times)
 
 
-def alternating_ms(
-    fns: dict[str, Callable[[], object]],
-    repeats: int,
-    pick: Callable[[list[float]], float] = statistics.median,
-) -> dict[str, float]:
-    """Milliseconds of each ``fns[name]()``: one warm-up call each, then ``repeats`` rounds calling every one
-    once in turn; ``pick`` (the median, or ``min``) of each one's times."""
+def alternating_runs(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Milliseconds of each ``fns[name]()`` in each round: one warm-up call each, then ``repeats`` rounds
+    calling every one once in turn. Round ``i`` of every list ran side by side, so ratios pair them."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -61,7 +61,16 @@ def alternating_ms(
             start = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: pick(t) for name, t in times.items()}
+    return times
+
+
+def alternating_ms(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    pick: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """``pick`` (the median, or ``min``) of each candidate's ``alternating_runs``."""
+    return {name: pick(t) for name, t in alternating_runs(fns, repeats).items()}
 
 
 def timer_name(device: Device, repeats: int = 5) -> str:

@@ -129,6 +129,36 @@ def baseline_attention(folder: Path = BASELINE_DIR) -> list[AttentionRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class MoeRow:
+    """One shape of ``bench moe``'s GPU table: milliseconds of the grouped Triton kernel (the engine's path),
+    Hugging Face's per-expert loop and the dense FFN of the same active size."""
+
+    hidden: int
+    width: int
+    grouped_ms: float
+    loop_ms: float
+    dense_ms: float
+
+
+def baseline_moe(folder: Path = BASELINE_DIR) -> list[MoeRow]:
+    """The "GPU (<name>)" table of ``bench_moe.txt``, one row per (H, I) shape."""
+    lines = (folder / "bench_moe.txt").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("GPU ("))
+    times: dict[tuple[int, int], dict[str, float]] = {}
+    for line in lines[start + 2 :]:
+        parts = re.split(r"\s{2,}", line.strip())  # "4096 x 14336", "grouped (engine path)", "8.183", ...
+        if len(parts) < 5 or " x " not in parts[0]:
+            break
+        hidden, width = (int(v) for v in parts[0].split(" x "))
+        impl = next(name for name in ("grouped", "per-expert loop", "dense FFN") if parts[1].startswith(name))
+        times.setdefault((hidden, width), {})[impl] = float(parts[2])
+    return [
+        MoeRow(hidden, width, t["grouped"], t["per-expert loop"], t["dense FFN"])
+        for (hidden, width), t in times.items()
+    ]
+
+
 def bench_gpu_runs(root: Path = RESULTS_DIR) -> list[GpuRun]:
     """Every ``python -m solutions bench gpu`` document under ``root`` (``gpu_*.json`` with a ``header``),
     newest first (by the header's date, then the file name: later runs of a day end in ``-2``, ``-3``...)."""

@@ -51,6 +51,9 @@ def gqa_attention(
     # HINT: Masks, filled with -inf before the softmax: key j is padding when j >= kv_lens[b];
     #  causal is bottom-right, query i sees keys j <= i + (len_b - Lq), len_b = kv_lens[b] or Lk.
     #  Softmax in float32, cast to v's dtype.
+    # HINT: The tricky lines are the two views. Query head h = kv * group + g, so the groups of one K/V head
+    #  are neighbours and q.reshape(B, Hkv, group * Lq, D) keeps each with its head. View the scores as
+    #  [B, Hkv, group, Lq, Lk] before masking, so a [B, Lq, Lk] mask broadcasts with two new axes.
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     group = q_heads // kv_heads

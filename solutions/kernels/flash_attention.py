@@ -44,6 +44,8 @@ def online_softmax_update(
     #  exp(m - m') to make them relative to m', then add this block's exp(s - m') summed, and exp(s - m') @ v.
     # HINT: A row whose keys so far are all masked has m' = -inf, and exp(-inf - (-inf)) is NaN: where m' is
     #  -inf, subtract 0 instead (torch.where); the row's exp terms are then all 0, as they should be.
+    # HINT: The rescale factor uses the old max against the guarded new one: exp(m - m_safe). For a row that
+    #  saw no key yet (m = -inf) it is 0, and denom and acc are 0 there anyway, so nothing breaks.
     m_new = torch.maximum(m, s.amax(dim=1))
     # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids inf - inf = nan.
     m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
@@ -67,6 +69,8 @@ def _online_softmax_step(m_i, l_i, acc, s, v):
     #  keep the -inf guard.
     # HINT: p @ v is _dot(p.to(v.dtype), v) (this file's tl.dot, exact in float32): both operands in one
     #  dtype, and acc stays float32.
+    # HINT: exp2, not exp: the scores already carry the factor log2(e) (qk_scale), so exp2(s - m) equals
+    #  exp of the unscaled difference. The guard: tl.where(m_new == float("-inf"), 0.0, m_new).
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
@@ -138,6 +142,9 @@ def _flash_fwd(
     # HINT: s = _dot(q, tl.trans(k)) * qk_scale (_dot: tl.dot, exact in float32); a key is visible if
     #  cols < k_len and, when CAUSAL, cols <= offs_m + shift; s = tl.where(visible, s, float('-inf')), then
     #  m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v).
+    # HINT: The causal test is a [BLOCK_M, BLOCK_N] grid: key columns along the second axis, query rows along
+    #  the first, cols[None, :] <= offs_m[:, None] + shift. The loads' mask has the other orientation
+    #  (cols[:, None]), because a K tile's keys are its rows.
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = tl.load(

@@ -54,6 +54,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     #  value (65504), so it becomes inf and the row comes out 0. Upcast with x.float(), cast back at the end.
     # HINT: RMS(x) = sqrt(mean(x**2) + eps) over the last dim; eps keeps a row of zeros from giving
     #  0 / 0 = NaN. torch.rsqrt and mean(dim=-1, keepdim=True) do it in two lines.
+    # HINT: The order of the last line matters: cast the normalised row back to x's dtype first, then
+    #  multiply by weight (Hugging Face's order), or a float16 model drifts from the oracle.
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return normed.to(x.dtype) * weight
@@ -126,6 +128,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     # HINT: So a whole head is x * cos + rotate_half(x) * sin, with
     #  rotate_half(x) = cat(-second half, first half); cos and sin need a head axis to broadcast over
     #  x [T, H, D]: cos[:, None, :].
+    # HINT: The sign is the trap: each pair (a, b) must turn into (-b, a) in rotate_half, so the minus goes
+    #  on the copy of the second half that comes first. Putting it on the other half rotates by -t.
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -43,6 +43,8 @@ class RowParallelLinear(nn.Module):
         #  every rank's t into each rank's t, in place. On one rank (group.world_size == 1) run no collective.
         # HINT: The bias belongs to the sum, not to each partial: every rank holds the whole bias, so adding
         #  it before the all-reduce counts it N times. Add it after, when it is not None.
+    # HINT: Both paths end the same way: whether the all-reduce ran or not (one rank), the bias, when there
+    #  is one, goes onto the summed output. An early return on one rank would drop it.
         out = self.linear(x)
         if self.group.world_size > 1:
             self.group.all_reduce(out)
@@ -79,6 +81,9 @@ class VocabParallelEmbedding(nn.Module):
         # HINT: A boolean mask of this rank's ids, from two comparisons; torch.where picks each id's row (its
         #  local one, or 0); Tensor.masked_fill zeros rows where a mask is True (give the mask a trailing axis
         #  to cover the hidden dim); then group.all_reduce when world_size > 1.
+    # HINT: The local index is ids - vocab_start, and only where the id is this rank's: inside torch.where,
+    #  so that no out-of-range index ever reaches the lookup. The mask for masked_fill is the opposite one,
+    #  ~mine.unsqueeze(-1).
         mine = (ids >= self.vocab_start) & (ids < self.vocab_end)
         out = self.embedding(torch.where(mine, ids - self.vocab_start, 0))
         out = out.masked_fill(~mine.unsqueeze(-1), 0)
