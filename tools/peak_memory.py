@@ -3,11 +3,11 @@
     python tools/peak_memory.py [--interval 0.25] [--limit-gb 12] [--log FILE] -- COMMAND ...
 
 Every ``--interval`` seconds it reads /proc for the command and all its descendants (pytest's xdist workers,
-the benchmark subprocesses they start) and sums their resident set sizes. At the end it prints the peak, when it
-happened, and the processes that made it up, then exits with the command's own exit status. With ``--limit-gb``
-a peak above the limit is reported as such (the exit status stays the command's: the figure is a measurement,
-the suite's verdict is pytest's). ``--log`` appends one line per sample (seconds, GB, the biggest process) for
-finding which test file holds the memory. Linux only (it reads /proc).
+the benchmark subprocesses they start) and sums their resident set sizes. At the end it prints the peak,
+when it happened, and the processes that made it up, then exits with the command's own exit status. With
+``--limit-gb`` a peak above the limit is reported as such (the exit status stays the command's: the figure
+is a measurement, the suite's verdict is pytest's). ``--log`` appends one line per sample (seconds, GB, the
+biggest process) for finding which test file holds the memory. Linux only (it reads /proc).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def main() -> int:
             peak_procs = sorted(((rss, pid, _cmdline(pid)) for pid, rss in procs), reverse=True)[:4]
         if log:
             big_rss, big_pid = max((rss, pid) for pid, rss in procs)
-            log.write(f"{now:8.1f} s {total / 1e9:6.2f} GB  biggest {big_rss / 1e9:5.2f} GB {_cmdline(big_pid)}\n")
+            biggest = f"biggest {big_rss / 1e9:5.2f} GB {_cmdline(big_pid)}"
+            log.write(f"{now:8.1f} s {total / 1e9:6.2f} GB  {biggest}\n")
             log.flush()
         time.sleep(args.interval)
     if log:
