@@ -1,4 +1,4 @@
-"""The checks beside ``python -m solutions eval``'s main set: the generation check's answer reading, the
+"""The checks beside ``python -m solutions eval``'s main set: the generation check's answer matching, the
 second multiple-choice set, and the comparison of lm-evaluation-harness's picks with ours (no model)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from solutions.cli.eval import Run, lm_eval_agreement
-from solutions.eval.chat_check import first_number, load_chat_items
+from solutions.eval.chat_check import load_chat_items, says
 from solutions.eval.items import ITEMS_FILE, load_items
 from solutions.eval.scoring import Scored
 
@@ -17,31 +17,32 @@ SECOND_SET = ITEMS_FILE.parent / "items_second.jsonl"
 
 
 @pytest.mark.parametrize(
-    "text, number",
+    "text, answer, right",
     [
-        ("The answer is 12.", 12),
-        ("twelve", 12),
-        ("Twenty-four apples, then 3 more", 24),
-        ("thirty five", 35),
-        ("It is -3", -3),
-        ("Seventeen.", 17),
-        ("someone has none", None),
-        ("", None),
+        ("The capital of France is Paris.", "Paris", True),
+        ("paris, of course", "Paris", True),
+        ("Comparison shopping", "Paris", False),
+        ("The largest planet is Neptune.", "Jupiter", False),
+        ("It is the Pacific Ocean.", "Pacific", True),
+        ("", "blue", False),
     ],
-    ids=["digits", "word", "tens-unit", "tens space unit", "negative", "capital", "inside words", "empty"],
+    ids=["sentence", "lower case", "inside a word", "wrong", "phrase", "empty"],
 )
-def test_the_chat_check_reads_the_first_number(text, number):
-    assert first_number(text) == number
+def test_the_chat_check_wants_the_answer_as_a_whole_word(text, answer, right):
+    assert says(text, answer) is right
 
 
-def test_the_chat_items_have_computed_integer_answers():
+def test_the_chat_items_load_with_unique_ids_and_answers():
     items = load_chat_items()
-    assert len(items) >= 30
-    for item in items:
-        words = item.question.removeprefix("What is ").removesuffix("?").split(" ")
-        if item.id.startswith("words-") and len(words) == 3:  # "seven plus five"
-            a, op, b = first_number(words[0]), words[1], first_number(words[2])
-            assert item.answer == {"plus": a + b, "minus": a - b, "times": a * b}[op], item
+    assert len(items) >= 30 and len({item.id for item in items}) == len(items)
+    assert all(item.answer.strip() for item in items)
+
+
+def test_a_chat_item_without_an_answer_is_refused(tmp_path):
+    bad = tmp_path / "items.jsonl"
+    bad.write_text(json.dumps({"id": "a", "question": "Why?", "answer": " "}) + "\n")
+    with pytest.raises(ValueError, match="non-empty string"):
+        load_chat_items(bad)
 
 
 def test_the_second_set_is_valid_and_apart_from_the_first():

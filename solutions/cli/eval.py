@@ -153,7 +153,7 @@ def chat_check(precisions: list[str], w_bit: int, group_size: int, device: str, 
         )
         results[label(precision, w_bit, group_size)] = chat_correct(items, replies(llm, items))
     n = len(items)
-    lines = [f"{CHAT_ITEMS_FILE.name}: {n} questions answered greedily, exact match on the first number"]
+    lines = [f"{CHAT_ITEMS_FILE.name}: {n} questions answered greedily, right when the reply says the answer"]
     for name, right in results.items():
         p = right.float().mean().item()
         lines.append(f"  {name:<16} {100 * p:5.1f}% ± {100 * (p * (1 - p) / n) ** 0.5:.1f}")

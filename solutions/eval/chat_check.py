@@ -1,9 +1,11 @@
-"""A generation check beside the log-likelihood one: the model answers short arithmetic questions in words
-(``data/eval/chat_arithmetic.jsonl``) through its chat template, greedily, and a reply is right when the first
-number in it, written in digits or in words, is the answer. So "no change to intelligence" is also checked on
-what the model writes, not only on which choice it finds likeliest.
+"""A generation check beside the log-likelihood one: the model answers short factual questions
+(``data/eval/chat_short_answers.jsonl``: capitals, colours, planets, opposites) through its chat template,
+greedily, and a reply is right when it contains the answer as a whole word (any case). So "no change to
+intelligence" is also checked on what the model writes, not only on which choice it finds likeliest.
 
-One item a line: ``{"id": "words-002", "question": "What is seven plus five?", "answer": 12}``.
+One item a line: ``{"id": "capital-000", "question": "What is the capital of France?", "answer": "Paris"}``.
+The questions are ones a 135M model answers about half of in float32 (a check every precision scores zero on
+would say nothing).
 """
 
 from __future__ import annotations
@@ -18,53 +20,31 @@ import torch
 from ..paths import DATA_DIR
 from ..sampling_params import SamplingParams
 
-CHAT_ITEMS_FILE = DATA_DIR / "eval" / "chat_arithmetic.jsonl"
-INSTRUCTION = "Answer with the number only."
+CHAT_ITEMS_FILE = DATA_DIR / "eval" / "chat_short_answers.jsonl"
+INSTRUCTION = "Answer in one or two words."
 MAX_TOKENS = 16
-UNITS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen"
-).split()
-TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80}
-_NUMBER = re.compile(
-    r"-?\d+|\b(?:("
-    + "|".join(TENS)
-    + r")(?:[- ]("
-    + "|".join(UNITS[1:10])
-    + r"))?|("
-    + "|".join(UNITS)
-    + r"))\b",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
 class ChatItem:
     id: str
     question: str
-    answer: int
+    answer: str
 
 
 def load_chat_items(path: Path = CHAT_ITEMS_FILE) -> list[ChatItem]:
-    """The items of a JSONL file; ids unique, answers integers."""
+    """The items of a JSONL file; ids unique, every answer a non-empty string."""
     items = [ChatItem(**json.loads(line)) for line in path.read_text().splitlines()]
-    if len({item.id for item in items}) != len(items) or not all(isinstance(i.answer, int) for i in items):
-        raise ValueError(f"{path}: ids must be unique and every answer an integer")
+    if len({item.id for item in items}) != len(items):
+        raise ValueError(f"{path}: item ids must be unique")
+    if not all(isinstance(item.answer, str) and item.answer.strip() for item in items):
+        raise ValueError(f"{path}: every answer must be a non-empty string")
     return items
 
 
-def first_number(text: str) -> int | None:
-    """The first number in ``text``: digits ("12", "-3"), a word ("twelve") or tens and a unit
-    ("twenty-four", "thirty five"); None if there is none."""
-    match = _NUMBER.search(text)
-    if match is None:
-        return None
-    tens, unit, word = match.groups()
-    if tens:
-        return TENS[tens.lower()] + (UNITS.index(unit.lower()) if unit else 0)
-    if word:
-        return UNITS.index(word.lower())
-    return int(match.group())
+def says(text: str, answer: str) -> bool:
+    """Whether ``text`` contains ``answer`` as a whole word or phrase, in any case."""
+    return re.search(rf"\b{re.escape(answer)}\b", text, re.IGNORECASE) is not None
 
 
 def replies(llm, items: list[ChatItem]) -> list[str]:
@@ -75,5 +55,5 @@ def replies(llm, items: list[ChatItem]) -> list[str]:
 
 
 def correct(items: list[ChatItem], texts: list[str]) -> torch.Tensor:
-    """bool ``[n]``: whether each reply's first number is its item's answer."""
-    return torch.tensor([first_number(text) == item.answer for item, text in zip(items, texts, strict=True)])
+    """bool ``[n]``: whether each reply says its item's answer."""
+    return torch.tensor([says(text, item.answer) for item, text in zip(items, texts, strict=True)])
