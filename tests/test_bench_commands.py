@@ -2,10 +2,13 @@
 figures): the commands that other test files do not already run (attention, paged_attention, kernels, moe,
 int4 with ``--smoke``; gpu and host in test_bench_gpu / test_bench_helpers). Each runs in its own process, as
 a user runs it: in one process the seven commands' models and KV caches added up to 17 GB, which a CI worker
-on a 24 GiB machine did not survive."""
+on a 24 GiB machine did not survive. Each runs with one matrix-product path forced (``FASTMODE_CPU_LINEAR``):
+the engine otherwise keeps a copy of every weight per layout its measured paths use (up to three), and the
+figures are not what these runs check."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -23,6 +26,7 @@ TOY_RUNS = {
     "serving": ["--num-requests", "2", "--max-tokens", "2", "--no-offline", "--max-model-len", "256"],
 }
 ELSEWHERE = {"attention", "paged_attention", "kernels", "moe", "int4", "gpu", "host"}
+ONE_LAYOUT = os.environ | {"FASTMODE_CPU_LINEAR": "linear"}  # the weights as loaded: no second copy
 
 
 def test_every_bench_command_is_run_by_a_test():
@@ -33,8 +37,9 @@ def test_every_bench_command_is_run_by_a_test():
 def test_bench_command_runs_on_toy_sizes(name, tmp_path):
     argv = TOY_RUNS[name] + (["--out", str(tmp_path / "serving")] if name == "serving" else [])
     run = subprocess.run(
-        [sys.executable, "-m", "solutions", "bench", name, *argv], capture_output=True, text=True, timeout=600
-    )
+        [sys.executable, "-m", "solutions", "bench", name, *argv],
+        capture_output=True, text=True, timeout=600, env=ONE_LAYOUT,
+    )  # fmt: skip
     assert run.returncode == 0, f"bench {name} exited {run.returncode}:\n{run.stderr[-3000:]}"
     assert run.stdout.strip(), f"bench {name} printed nothing"
 
@@ -52,7 +57,8 @@ def test_bench_row_and_batch_modes_run_on_toy_sizes(argv, verdict):
     """``bench decode --rows`` (a verify pass per row count, per dtype) and ``bench spec --batch`` (the
     speculation crossover) run to the end and print their verdict lines."""
     run = subprocess.run(
-        [sys.executable, "-m", "solutions", "bench", *argv], capture_output=True, text=True, timeout=600
-    )
+        [sys.executable, "-m", "solutions", "bench", *argv], capture_output=True, text=True, timeout=600,
+        env=ONE_LAYOUT,
+    )  # fmt: skip
     assert run.returncode == 0, f"bench {' '.join(argv)} exited {run.returncode}:\n{run.stderr[-3000:]}"
     assert verdict in run.stdout, f"bench {' '.join(argv)} printed no {verdict!r} line:\n{run.stdout[-2000:]}"

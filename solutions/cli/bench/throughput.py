@@ -26,6 +26,7 @@ scheduling, building the step's inputs).
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workload: {args.workload}, {args.num_requests} requests, {workload.num_prompt_tokens} prompt "
           f"tokens, {workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
     ours = None if args.peer_only else compare_rows(llm, workload, args, engine_args)
+    gc.collect()  # the table's other engines (reference cycles) go before the next one is built
     if args.peer:
         compare_with_vllm(workload, args, engine_args)
     if args.split:
