@@ -57,18 +57,8 @@ def evaluate(
 ) -> Run:
     """Load the bundled model as the engine does at ``precision`` (its weights, quantization and activation
     dtype: bfloat16 for INT4 on a CPU with native bfloat16, unless ``dtype`` says) and score ``items``."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     # the scorer runs the model without the paged cache: the engine's KV cache is kept at its smallest
-    llm = LLM(
-        device=device,
-        dtype=dtype,
-        quantization=PRECISIONS[precision],
-        w_bit=w_bit,
-        group_size=group_size,
-        max_model_len=128,
-        kv_cache_memory=16 << 20,
-    )
+    llm = engine_at(precision, w_bit, group_size, device, dtype, max_model_len=128, kv_cache_memory=16 << 20)
     model = llm.engine.model
     encoded = [encode_item(llm.tokenizer, item) for item in items]
     score(model, encoded[:1], [items[0].answer])  # a first forward may measure or compile a CPU path: untimed
@@ -136,20 +126,24 @@ def lm_eval_agreement(samples: Path, items: list[Item], run: Run) -> str:
     )
 
 
+def engine_at(precision: str, w_bit: int, group_size: int, device: str, dtype: str, **sizes) -> LLM:
+    """The bundled model's engine at ``precision`` (a key of ``PRECISIONS``), sized by ``sizes``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    quantization = PRECISIONS[precision]
+    return LLM(
+        device=device, dtype=dtype, quantization=quantization, w_bit=w_bit, group_size=group_size, **sizes
+    )
+
+
 def chat_check(precisions: list[str], w_bit: int, group_size: int, device: str, dtype: str) -> str:
     """The generation check (``eval.chat_check``) at each precision: exact-match accuracy with its binomial
     error, and each quantized precision's difference from the first with its paired standard error."""
     items = load_chat_items()
     results = {}
     for precision in precisions:
-        llm = LLM(
-            device=device,
-            dtype=dtype,
-            quantization=PRECISIONS[precision],
-            w_bit=w_bit,
-            group_size=group_size,
-            max_model_len=256,
-            kv_cache_memory=64 << 20,
+        llm = engine_at(
+            precision, w_bit, group_size, device, dtype, max_model_len=256, kv_cache_memory=64 << 20
         )
         results[label(precision, w_bit, group_size)] = chat_correct(items, replies(llm, items))
     n = len(items)
