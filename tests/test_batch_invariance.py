@@ -132,24 +132,31 @@ def test_invariant_attention_gives_each_row_what_it_gets_alone(load, monkeypatch
     assert float((together.double() - expected).abs().max()) < 1e-5, "invariant attention is not attention"
 
 
-def test_invariant_linears_give_a_lone_row_what_it_gets_among_others(load, monkeypatch):
-    """Under FASTMODE_BATCH_INVARIANT=1 a float32 linear runs oneDNN at every row count, a lone row padded to
-    two: a row's output is the same bit for bit alone and among 1..64 others, also for an input wider than
-    1024 (where oneDNN's one-row kernel sums in another order)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_invariant_linears_give_a_lone_row_what_it_gets_among_others(load, monkeypatch, dtype):
+    """Under FASTMODE_BATCH_INVARIANT=1 a linear runs the packed kernel at every row count (each row summed in
+    one order), or where there is no C compiler oneDNN, a lone row padded to two: a row's output is the same
+    bit for bit alone and among 1..64 others, also for an input wider than 1024 (where oneDNN's one-row kernel
+    sums in another order)."""
     monkeypatch.setenv("FASTMODE_BATCH_INVARIANT", "1")
     monkeypatch.delenv("FASTMODE_CPU_LINEAR", raising=False)
     cpu_linear = load("kernels.cpu_linear")
-    if not cpu_linear.PATHS["onednn"].supports(torch.float32):
-        pytest.skip("this torch build has no oneDNN linear")
+    if not any(cpu_linear.PATHS[name].supports(dtype) for name in ("packed", "onednn")):
+        pytest.skip(f"neither the packed kernel nor oneDNN computes {dtype} here")
     generator = torch.Generator().manual_seed(0)
     holder = torch.nn.Module()
-    holder.linear = torch.nn.Linear(1536, 96, bias=True)
+    holder.linear = torch.nn.Linear(1536, 96, bias=True, dtype=dtype)
     cpu_linear.use_linear_decisions(holder, {})  # no measured decision: the invariant mode's choice alone
     linear = holder.linear
-    assert isinstance(linear, cpu_linear.CpuLinear) and linear.pad_single_row
-    x = torch.randn(65, 1536, generator=generator)
+    packed = cpu_linear.PATHS["packed"].supports(dtype)
+    assert isinstance(linear, cpu_linear.CpuLinear)
+    assert set(linear.choices.values()) == {"packed" if packed else "onednn"}
+    assert linear.pad_single_row != packed
+    x = torch.randn(65, 1536, generator=generator).to(dtype)
     with torch.no_grad():
         alone = torch.cat([linear(x[i : i + 1]) for i in range(65)])
         for rows in (2, 3, 8, 17, 65):
             assert torch.equal(linear(x[:rows]), alone[:rows]), f"{rows} rows differ from each row alone"
-        assert torch.allclose(alone, torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-4)
+        expected = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+        atol = 1e-2 if dtype == torch.bfloat16 else 1e-4
+        assert torch.allclose(alone.double(), expected, rtol=1e-2, atol=atol)

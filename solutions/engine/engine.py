@@ -31,6 +31,7 @@ from ..model.layer_ops import select_layer_ops
 from ..model.llama import LlamaModel
 from ..model.loader import load_weights
 from ..quant.cpu_int4_layer import int4_decode_layers
+from ..quant.linear import use_fastest_int4
 from ..quant.model import quantize_named_model
 from ..sampling_params import SamplingParams
 from . import logprobs
@@ -80,8 +81,9 @@ class Engine:
         self.max_model_len = min(config.max_model_len, weights.config.max_position_embeddings)
         self.eos_token_ids = frozenset((self.tokenizer or weights.config).eos_token_ids)
         self.device = self.model.norm.weight.device
-        if self.device.type == "cpu":  # each float linear runs the matrix product measured fastest here
+        if self.device.type == "cpu":  # each linear runs the matrix product measured fastest here
             log.info(decisions_line(use_fastest_linears(self.model)))
+            use_fastest_int4(self.model)
         if self.workers is None:
             self.model.use_ops(select_layer_ops(self.device, self.model))  # fused kernels where they pay
         cache = allocate_kv_cache(self.model, config, self.max_model_len)

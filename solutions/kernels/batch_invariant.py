@@ -14,15 +14,18 @@ Inference", Thinking Machines 2025) makes every CPU path the engine runs sum eac
 - attention (``kernels/paged_torch.py``; draft trees: ``speculative/tree.py``): each query row attends alone,
   over exactly its context in token order (a tree node: its context, then its own path), one unmasked SDPA
   call per row;
-- float32 linears (``kernels/cpu_linear.py``): oneDNN's product for every row count, a lone row padded to two
-  (oneDNN takes another kernel for one row when the input is wider than 1024);
+- float32 and bfloat16 linears (``kernels/cpu_linear.py``): the course's packed kernel
+  (``kernels/cpu_rows.c``, each row summed in one order whatever the rows beside it) at every row count; where
+  it cannot be built, oneDNN's product for every row count, a lone row padded to two (oneDNN takes another
+  kernel for one row when the input is wider than 1024);
 - the elementwise chains run eagerly (``PLAIN_OPS``) at every row count, and the compiled one-token decode
   layers stay off (they round differently from the modules that run several rows);
-- torch's INT4 product is row-invariant as it is (checked by ``tests/test_batch_invariance.py``).
+- INT4 linears (``quant/linear.py``): the packed kernel's ``rows_int4`` at every row count (torch's INT4
+  product, row-invariant as it is, where the kernel cannot be built; ``tests/test_batch_invariance.py``).
 
 It costs speed: a verify pass and a prefill make one attention call per row, and the decode step loses its
-compiled layers (``bench decode --rows`` measures both settings). Dense bfloat16 linears on a CPU without
-native bfloat16 are not covered (their kernel sums in another order from four rows on).
+compiled layers (``bench decode --rows`` measures both settings). Without a C compiler, dense bfloat16
+linears are not covered (torch's kernel sums in another order from four rows on).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ Candidate paths (each stores the weight in the layout it needs):
 - ``transposed``: ``x @ W_t`` over a contiguous ``[in, out]`` copy.
 - ``onednn``: oneDNN's linear over a weight reordered once into its blocked layout
   (``mkldnn._reorder_linear_weight``; the route ``torch.compile``'s CPU backend takes).
+- ``packed``: the course's own kernel (``cpu_rows.py``): the weight in blocks of 16 output columns, each read
+  once whatever the rows, each row summed in one fixed order. Where the machine has a C compiler.
 
 Not candidates, measured and left out: ``torch.compile`` of a linear (slower than oneDNN's product where it
 was timed, and seconds of compilation per shape at every load) and MKL's packed GEMM (``mkl._mkl_linear``: a
@@ -26,8 +28,9 @@ that is missing, unreadable, malformed or made on another machine is ignored and
 Decisions measured while the machine was busy (load average above the CPU count) are marked, and
 measured again by the first load that finds the machine quiet.
 ``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
-``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) runs oneDNN's product at every row count for
-the dtypes it takes, a lone row padded to two, so that a row's result does not depend on the rows beside it.
+``$FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) runs the ``packed`` kernel at every row count
+(each row summed in one fixed order), or where it cannot, oneDNN's product for the dtypes it takes, a lone row
+padded to two, so that a row's result does not depend on the rows beside it.
 
 Invariant: every path computes ``F.linear(x, weight, bias)`` (same math, different summation order).
 The ``weight`` Parameter stays the ``[out, in]`` tensor it was, so code that reads or edits it keeps
@@ -52,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..paths import cache_dir
+from . import cpu_rows
 from .batch_invariant import batch_invariant
 
 CACHE_VERSION = 2
@@ -71,16 +75,18 @@ REGIMES = {
 SMALL_ROWS = 64  # up to this many rows per call, the small-row buckets; more rows: the prefill choice
 WORKING_SET_BYTES = 96 << 20  # weights cycled through per timing: larger than the L3 caches of common CPUs
 ROUNDS = 5
+SHAPE_ROUNDS = 3  # per weight shape (4 paths x 8 regimes): 3 alternated rounds keep a cold start short
 
 
 @dataclass(frozen=True)
 class LinearPath:
-    """One way to compute ``x @ W^T + b``: ``store`` makes the layout from the ``[out, in]`` weight once,
-    ``apply(x2d, stored, bias)`` runs on a contiguous ``[rows, in]`` input."""
+    """One way to compute ``x @ W^T + b``: ``store`` makes the layout from the ``[out, in]`` weight once (a
+    tensor, or what the path's kernel takes), ``apply(x2d, stored, bias)`` runs on a contiguous ``[rows, in]``
+    input."""
 
     name: str
-    store: Callable[[torch.Tensor], torch.Tensor]
-    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    store: Callable[[torch.Tensor], object]
+    apply: Callable[[torch.Tensor, object, torch.Tensor | None], torch.Tensor]
     supports: Callable[[torch.dtype], bool]
 
 
@@ -110,6 +116,7 @@ PATHS: dict[str, LinearPath] = {
             lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""),
             _onednn_supports,
         ),
+        LinearPath("packed", cpu_rows.pack, cpu_rows.apply, cpu_rows.supports),
     )
 }
 
@@ -130,7 +137,7 @@ class CpuLinear(nn.Linear):
         # another order for inputs wider than 1024).
         self.pad_single_row = False
         self._stored: dict[
-            str, tuple[int, torch.Tensor]
+            str, tuple[int, object]
         ] = {}  # path -> (weight version it was made at, layout)
         self._by_rows = rows_table({r: PATHS[choices[r]] for r in REGIMES})  # rows 0..SMALL_ROWS -> path
         self._prefill = PATHS[choices["prefill"]]
@@ -153,7 +160,7 @@ class CpuLinear(nn.Linear):
         out = path.apply(x.reshape(rows, self.in_features).contiguous(), self.stored(path.name), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def stored(self, path: str) -> torch.Tensor:
+    def stored(self, path: str) -> object:
         """The weight in ``path``'s layout, made on first use and remade after an
         in-place edit of ``weight``."""
         version = self.weight._version
@@ -337,7 +344,7 @@ def fastest_rounds(calls: dict[str, list[Callable[[], object]]], rounds: int = R
 
 
 @torch.no_grad()
-def measure_shape(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, dict]:
+def measure_shape(weights: list[torch.Tensor], rounds: int = SHAPE_ROUNDS) -> dict[str, dict]:
     """Time every supported path on ``weights`` (same shape and dtype) in each regime:
     ``{regime: {path, us}}``, the winner's name and every path's microseconds per call.
 
@@ -465,9 +472,11 @@ def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
         decision = decisions.get(key)
         choices = forced or (decision and {regime: pick["path"] for regime, pick in decision.items()})
-        pad = invariant and forced is None and PATHS["onednn"].supports(linear.weight.dtype)
-        if pad:
-            choices = dict.fromkeys(REGIMES, "onednn")
+        dtype = linear.weight.dtype
+        packed = invariant and forced is None and PATHS["packed"].supports(dtype)
+        pad = invariant and forced is None and not packed and PATHS["onednn"].supports(dtype)
+        if packed or pad:
+            choices = dict.fromkeys(REGIMES, "packed" if packed else "onednn")
         if choices:
             cpu_linear = CpuLinear.from_linear(linear, choices)
             cpu_linear.pad_single_row = pad

@@ -11,6 +11,12 @@
   scale and offset sit in one bfloat16 ``[K/g, N, 2]`` tensor, and activations go in as bfloat16 (float32
   ones take a path about 30x slower, so float32 activations are cast; a bfloat16 engine needs no cast).
 
+On a CPU a call of 2 to 64 rows (a verify pass, a few sequences decoding together) may instead run the
+course's own kernel over the same buffers (``kernels/cpu_rows.c``'s ``rows_int4``: each weight read once
+whatever the rows, each row summed in one fixed order), where ``use_fastest_int4`` measured it faster than
+torch's for the shape and row count; under ``$FASTMODE_BATCH_INVARIANT=1`` it runs at every row count. It
+rounds its result to bfloat16 as torch's kernel does.
+
 Either way one INT4 code costs half a byte and a group adds 4 bytes (CPU) or 3 bytes (CUDA).
 ``rows(ids)`` dequantizes chosen rows only, so a tied embedding can look tokens up in the LM head's
 packed weight instead of keeping a float copy.
@@ -18,10 +24,24 @@ packed weight instead of keeping a float copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from ..kernels import cpu_rows
 from ..kernels.awq_gemm import awq_gemm
+from ..kernels.batch_invariant import batch_invariant
+from ..kernels.cpu_linear import (
+    REGIMES,
+    SMALL_ROWS,
+    WORKING_SET_BYTES,
+    cached_decisions,
+    fastest_rounds,
+    machine_key,
+    rows_table,
+)
+from ..paths import cache_dir
 from .pack import pack_int4, unpack_int4
 from .rtn import GroupQuantized, quantize
 
@@ -29,6 +49,8 @@ from .rtn import GroupQuantized, quantize
 # channel k, 32 bytes whose low nibbles are rows 0..31 of the block and high nibbles rows 32..63.
 CPU_BLOCK_N = 64
 CPU_GROUP_SIZES = (32, 64, 128, 256)
+INT4_PATHS = ("torch", "packed")  # torch's int4 kernel, the course's (kernels/cpu_rows.c)
+INT4_CACHE_FILE = "cpu_int4_linear.json"
 
 
 def cpu_kernel_fits(out_features: int, in_features: int, group_size: int) -> bool:
@@ -53,6 +75,8 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = quantized.q.shape
         self.w_bit, self.group_size, self.dtype = quantized.w_bit, quantized.group_size, dtype
+        # rows 0..SMALL_ROWS -> "torch" or "packed" (set by use_fastest_int4); None: torch's kernel throughout
+        self.rows_paths: list[str] | None = None
         device = quantized.q.device
         if device.type == "cuda":
             self.backend = "triton"
@@ -82,6 +106,11 @@ class QuantLinear(nn.Module):
         return cls(quantize(weight, w_bit, group_size, max_val), weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows_paths is not None and x.numel() <= SMALL_ROWS * self.in_features:
+            flat = x.reshape(-1, self.in_features)
+            if self.rows_paths[flat.shape[0]] == "packed":
+                out = cpu_rows.apply_int4(flat.contiguous(), self.qweight, self.group_size, self.scale_offset)
+                return out.reshape(*x.shape[:-1], self.out_features)
         if self.backend == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
             # The common case of a bfloat16 engine (dtype "auto" on a CPU with native bfloat16):
             # no cast, no reshape.
@@ -128,6 +157,62 @@ class QuantLinear(nn.Module):
         return (
             f"{self.in_features} -> {self.out_features}, INT{self.w_bit} g{self.group_size}, {self.backend}"
         )
+
+
+def _int4_call(path: str, module: QuantLinear, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    if path == "packed":
+        return lambda: cpu_rows.apply_int4(x, module.qweight, module.group_size, module.scale_offset)
+    return lambda: int4_mm_cpu(x, module.qweight, module.group_size, module.scale_offset)
+
+
+@torch.no_grad()
+def measure_int4(modules: list[QuantLinear]) -> dict[str, dict]:
+    """Torch's INT4 kernel against the packed one on ``modules`` (one shape) in each regime of rows, as
+    ``cpu_linear.measure_shape`` times the float paths: weights cycled through so that each call reads its
+    weight from memory, alternated rounds, each path's fastest. ``{regime: {path, us}}``."""
+    count = max(2, min(len(modules), WORKING_SET_BYTES // max(1, modules[0].qweight.nbytes)))
+    pool = [modules[i % len(modules)] for i in range(count)]
+    generator = torch.Generator().manual_seed(0)
+    entry = {}
+    for regime, rows in REGIMES.items():
+        x = torch.randn(rows, modules[0].in_features, generator=generator)
+        calls = {
+            path: [_int4_call(path, m, x) for m in (pool[:2] if regime == "prefill" else pool)]
+            for path in INT4_PATHS
+        }
+        best = fastest_rounds(calls)
+        us = {path: round(t * 1e6, 2) for path, t in best.items()}
+        entry[regime] = {"path": min(best, key=best.get), "us": us}
+    return entry
+
+
+def use_fastest_int4(model: nn.Module) -> dict[str, dict]:
+    """Give each CPU ``QuantLinear`` of ``model`` the INT4 product measured fastest for its shape at each row
+    count up to ``SMALL_ROWS`` (cached in ``cache_dir()/cpu_int4_linear.json`` per machine), or under
+    ``$FASTMODE_BATCH_INVARIANT=1`` the packed kernel at every row count. Nothing changes where the packed
+    kernel cannot be built. Returns the decisions (shape key -> ``{regime: {path, us}}``)."""
+    modules = [m for m in model.modules() if isinstance(m, QuantLinear) and m.backend == "cpu"]
+    if not modules or cpu_rows.library() is None:
+        return {}
+    by_shape: dict[str, list[QuantLinear]] = {}
+    for module in modules:
+        key = f"int4g{module.group_size}:{module.out_features}x{module.in_features}"
+        by_shape.setdefault(key, []).append(module)
+    if batch_invariant():
+        decisions = {
+            key: {regime: {"path": "packed", "us": {"packed": 1.0}} for regime in REGIMES} for key in by_shape
+        }
+    else:
+        machine = machine_key({"paths": list(INT4_PATHS), "regimes": REGIMES})
+        measures = {key: (lambda group=group: measure_int4(group)) for key, group in by_shape.items()}
+        decisions = cached_decisions(
+            measures, True, cache_dir() / INT4_CACHE_FILE, machine, INT4_PATHS, REGIMES
+        )
+    for key, group in by_shape.items():
+        table = rows_table({regime: pick["path"] for regime, pick in decisions[key].items()})
+        for module in group:
+            module.rows_paths = table
+    return decisions
 
 
 class QuantEmbedding(nn.Module):
