@@ -5,16 +5,18 @@ requests, after a prefix served from the prefix cache, or verified among a specu
 each prompt should come out token for token the same.
 
 With ``FASTMODE_BATCH_INVARIANT=1`` (``kernels/batch_invariant.py``) that holds by construction on the CPU
-paths: float32, and AWQ INT4 with float32 or bfloat16 activations (torch's INT4 product is row-invariant; the
-linears, attention, tree attention and elementwise chains around it are made so). By default it holds for
+paths: float32, and AWQ INT4 with float32 or bfloat16 activations (the linears, attention, tree attention and
+elementwise chains are made so). By default it holds for
 float32 on the bundled model (last-bit differences rarely flip a float32 argmax), not for INT4: a bfloat16
 cast before every INT4 product turns a last-bit difference from the attention (a lone decode reads its context
 in place, several rows attend through a padded, masked call) into a flipped bfloat16 rounding, and near-ties
-flip within tens of tokens. Dense bfloat16 linears on a CPU without native bfloat16 are not row-invariant
-(their kernel sums in another order from four rows on), so a dense bfloat16 engine is not held here.
+flip within tens of tokens. The invariant mode runs every linear on the packed kernel
+(``kernels/cpu_rows.c``), row-invariant in float32, bfloat16 and INT4.
 """
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
@@ -51,15 +53,23 @@ def variants(request, load):
         ]
         alone = [tokens(plain.generate(p, params))[0] for p in prompts]
         batched = tokens(plain.generate(prompts, params))
+        del plain  # one engine at a time (four at once held 7 GB); engines hold cycles: collect them
+        gc.collect()
         cached = LLM(**ENGINE, **options, enable_prefix_caching=True)
         cached.generate(prompts[0], params)  # the system prompt's blocks enter the cache
         prefixed = [cached.generate(p, params)[0] for p in prompts]
+        del cached
+        gc.collect()
         speculative = LLM(**ENGINE, **options, speculative="eagle", num_speculative_tokens=3)
         spec_outputs = speculative.generate(prompts, params)
+        del speculative
+        gc.collect()
         tree = LLM(
             **ENGINE, **options, speculative="eagle", num_speculative_tokens=4, speculative_tree_nodes=8
         )
         tree_outputs = tree.generate(prompts, params)
+        del tree
+        gc.collect()
     outputs = dict(
         alone=alone,
         batched=batched,

@@ -207,3 +207,18 @@ def test_a_call_takes_the_smallest_row_bucket_that_holds_its_rows(monkeypatch):
             x = torch.randn(rows, 32)
             torch.testing.assert_close(layer(x), F.linear(x, linear.weight), rtol=1e-4, atol=1e-5)
     assert ran == [3, 4, 20, 32], f"the transposed path (rows4, rows32 buckets) ran for {ran} rows"
+
+
+def test_a_regime_keeps_a_layout_already_held_when_it_is_nearly_as_fast():
+    """Each layout beside the weight is a copy of it: a regime takes a path another regime already uses when
+    that path is within LAYOUT_SLACK of its fastest, and its own fastest otherwise."""
+    us = {
+        "decode": {"linear": 10.0, "transposed": 9.0, "onednn": 20.0},  # transposed wins clearly
+        "rows2": {"linear": 10.0, "transposed": 12.0, "onednn": 12.0},  # linear clearly
+        "prefill": {"linear": 50.0, "transposed": 30.0, "onednn": 29.0},  # onednn by 3%: transposed is held
+    }
+    regimes = {regime: us.get(regime, us["rows2"]) for regime in REGIMES}
+    decision = {regime: {"path": min(t, key=t.get), "us": t} for regime, t in regimes.items()}
+    choices = cpu_linear.economical_choices(decision)
+    assert choices["decode"] == "transposed" and choices["prefill"] == "transposed"
+    assert set(choices.values()) == {"linear", "transposed"}, choices

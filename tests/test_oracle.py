@@ -91,7 +91,7 @@ def test_greedy_one_at_a_time_matches_hugging_face(llm, hf_greedy, load):
         assert llm.generate(prompt, greedy(load))[0].outputs[0].token_ids == expected, prompt
 
 
-@pytest.mark.parametrize("path", ["linear", "transposed", "onednn"])
+@pytest.mark.parametrize("path", ["linear", "transposed", "onednn", "packed"])
 def test_greedy_matches_hugging_face_on_every_cpu_linear_path(path, hf_greedy, load, monkeypatch):
     """Each matrix-product path (solutions/kernels/cpu_linear.py), forced for every shape: a batched prefill
     (many rows), batched decode (a few rows) and one-sequence decode (one row) all give HF's tokens."""

@@ -75,6 +75,7 @@ REGIMES = {
 SMALL_ROWS = 64  # up to this many rows per call, the small-row buckets; more rows: the prefill choice
 WORKING_SET_BYTES = 96 << 20  # weights cycled through per timing: larger than the L3 caches of common CPUs
 ROUNDS = 5
+LAYOUT_SLACK = 1.05  # a regime keeps a layout another regime holds when it is within 5% of its fastest
 SHAPE_ROUNDS = 3  # per weight shape (4 paths x 8 regimes): 3 alternated rounds keep a cold start short
 
 
@@ -136,9 +137,7 @@ class CpuLinear(nn.Linear):
         # Batch-invariant mode: oneDNN at every row count, one row run as two (its one-row kernel sums in
         # another order for inputs wider than 1024).
         self.pad_single_row = False
-        self._stored: dict[
-            str, tuple[int, object]
-        ] = {}  # path -> (weight version it was made at, layout)
+        self._stored: dict[str, tuple[int, object]] = {}  # path -> (weight version it was made at, layout)
         self._by_rows = rows_table({r: PATHS[choices[r]] for r in REGIMES})  # rows 0..SMALL_ROWS -> path
         self._prefill = PATHS[choices["prefill"]]
 
@@ -471,7 +470,7 @@ def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
     for parent, child_name, linear in list(_linears(model)):
         key = shape_key(linear.out_features, linear.in_features, linear.weight.dtype)
         decision = decisions.get(key)
-        choices = forced or (decision and {regime: pick["path"] for regime, pick in decision.items()})
+        choices = forced or (decision and economical_choices(decision))
         dtype = linear.weight.dtype
         packed = invariant and forced is None and PATHS["packed"].supports(dtype)
         pad = invariant and forced is None and not packed and PATHS["onednn"].supports(dtype)
@@ -482,6 +481,32 @@ def use_linear_decisions(model: nn.Module, decisions: dict[str, dict]) -> None:
             cpu_linear.pad_single_row = pad
             setattr(parent, child_name, cpu_linear)
     model.linear_decisions = decisions
+
+
+def economical_choices(decision: dict[str, dict]) -> dict[str, str]:
+    """``{regime: path}`` for one shape's measured ``decision``: the fewest weight layouts that give every
+    regime a path within ``LAYOUT_SLACK`` of its fastest (each layout but ``linear``'s is a whole copy of the
+    weight, made on first use). Greedy: the path near enough for the most regimes left, ``linear`` (the weight
+    itself) first on a tie, then the path of least summed time over those regimes."""
+    near = {
+        regime: {path for path, us in pick["us"].items() if us <= LAYOUT_SLACK * min(pick["us"].values())}
+        for regime, pick in decision.items()
+    }
+    choices: dict[str, str] = {}
+    while len(choices) < len(decision):
+        left = [regime for regime in decision if regime not in choices]
+        path = max(
+            {p for regime in left for p in near[regime]}, key=lambda p: _coverage(p, left, near, decision)
+        )
+        choices.update({regime: path for regime in left if path in near[regime]})
+    return choices
+
+
+def _coverage(path: str, regimes: list[str], near: dict[str, set[str]], decision: dict[str, dict]) -> tuple:
+    """How well ``path`` serves ``regimes``: how many it is near enough for, whether it is the weight itself,
+    less its summed time over them."""
+    covered = [regime for regime in regimes if path in near[regime]]
+    return len(covered), path == "linear", -sum(decision[regime]["us"][path] for regime in covered)
 
 
 def decisions_line(decisions: dict[str, dict]) -> str:
