@@ -16,7 +16,13 @@ from solutions.kernels.attention import gqa_attention
 from solutions.kernels.cpu_aot import CompileFailed, require_compiler
 from solutions.kernels.cpu_linear import cached_decisions, read_decisions
 from solutions.model import cpu_decode_layers
-from solutions.model.cpu_decode_layers import DecodeLayers, compiled_attention
+from solutions.model.cpu_decode_layers import (
+    DecodeLayers,
+    compiled_attention,
+    rope_store_attend,
+    rope_store_attend_rows,
+    verify_attention,
+)
 from solutions.model.llama import PLAIN_OPS
 from solutions.quant import cpu_int4_layer
 from solutions.quant.cpu_int4_layer import Int4DecodeLayers, decode_layer, layer_shape, layer_weights
@@ -82,7 +88,8 @@ class Counting:
     def __call__(self, hidden, cos, sin, attend):
         out = self.fused(hidden, cos, sin, attend)
         self.ran += out is not None
-        self.gathered += out is not None and attend.decode_context().rows is not None
+        one_token = hidden.shape[0] == 1
+        self.gathered += out is not None and one_token and attend.decode_context().rows is not None
         self.declined += out is None
         return out
 
@@ -236,14 +243,14 @@ def test_steps_it_cannot_run_are_left_to_the_layers(int4_llm):
         expected = _tokens(int4_llm, PROMPTS, together=True)
         model.fused_decode = counting
         assert _tokens(int4_llm, PROMPTS, together=True) == expected
-        assert counting.ran == counting.declined == 0  # three tokens a step: the layers run, not asked
+        assert counting.ran == 0  # three sequences a step: declined, the modules run
         hook = model.layers[1].mlp.down_proj.register_forward_hook(lambda *args: seen.append(1))
         try:
-            ran = counting.ran
+            ran, declined = counting.ran, counting.declined
             assert _tokens(int4_llm, PROMPTS[:1]) == expected[:1]
         finally:
             hook.remove()
-        assert counting.ran == ran and counting.declined == GREEDY.max_tokens - 1
+        assert counting.ran == ran and counting.declined == declined + GREEDY.max_tokens  # prompt, decodes
         assert len(seen) == GREEDY.max_tokens  # the prompt's step and every decode step
     finally:
         model.fused_decode = None
@@ -357,3 +364,90 @@ def test_no_compiler_or_fused_off_keeps_the_modules(int4_llm, monkeypatch, caplo
     monkeypatch.setenv("FASTMODE_FUSED", "0")
     assert cpu_int4_layer.int4_decode_layers(model, dtype) is None
     assert cpu_decode_layers.decode_layers(model, dtype) is None
+
+
+def _verify_step(blocks: list[int], length: int, new: int, sequences: int = 1) -> PagedAttention:
+    """A step of ``new`` tokens at the end of a ``length``-token sequence (``sequences`` copies of it)."""
+    cache = PagedKVCache(
+        num_layers=2,
+        num_blocks=8,
+        block_size=4,
+        num_kv_heads=2,
+        head_dim=8,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    table = torch.tensor(blocks, dtype=torch.int32)
+    slots = [blocks[p // 4] * 4 + p % 4 for p in range(length - new, length)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots * sequences),
+        block_table=table.repeat(sequences, 1),
+        query_start_loc=torch.arange(sequences + 1, dtype=torch.int32) * new,
+        seq_lens=torch.full((sequences,), length, dtype=torch.int32),
+        max_query_len=new,
+        max_seq_len=length,
+    )
+    return PagedAttention(cache, meta, "torch")
+
+
+def test_verify_context_names_the_new_tokens_rows_and_the_whole_context():
+    """One sequence's 3 new tokens after 7 others: their cache rows, and the context's rows in token order
+    (theirs last); a step of two sequences, of one token, or of more rows than asked for is not one."""
+    context = _verify_step([5, 2, 6], length=10, new=3).verify_context(16)
+    assert context.keys.shape == context.values.shape == (2, 32, 2, 8)
+    assert context.rows.tolist() == [20, 21, 22, 23, 8, 9, 10, 11, 24, 25]
+    assert context.row.tolist() == [11, 24, 25]
+    assert _verify_step([5, 2, 6], length=10, new=3, sequences=2).verify_context(16) is None
+    assert _verify_step([5, 2, 6], length=10, new=3).verify_context(2) is None
+    assert _verify_step([5, 2, 6], length=10, new=1).verify_context(16) is None
+
+
+@torch.inference_mode()
+def test_rows_attention_is_each_token_attending_alone_over_its_own_prefix():
+    """``rope_store_attend_rows`` over 5 new tokens: each row equals ``rope_store_attend`` of that token alone
+    over the context up to it, and the cache holds the same rows after."""
+    heads, kv_heads, dim, context, new = 6, 2, 16, 21, 5
+    generator = torch.Generator().manual_seed(3)
+    qkv = torch.randn(new, heads + 2 * kv_heads, dim, generator=generator)
+    angles = torch.rand(new, dim, generator=generator) * 6.3
+    keys, values = torch.randn(2, 2 * context, kv_heads, dim, generator=generator)
+    rows = torch.randperm(2 * context, generator=generator)[:context]
+    together_cache = [keys.clone(), values.clone()]
+    together = rope_store_attend_rows(
+        qkv, angles.cos(), angles.sin(), *together_cache, rows[-new:], rows, heads=heads, kv_heads=kv_heads
+    )
+    for i in range(new):
+        position = context - new + i
+        alone = rope_store_attend(
+            qkv[i : i + 1], angles[i : i + 1].cos(), angles[i : i + 1].sin(), keys, values,
+            rows[position : position + 1], rows[: position + 1], heads=heads, kv_heads=kv_heads,
+        )  # fmt: skip
+        assert torch.allclose(together[i : i + 1], alone, atol=1e-5), f"new token {i}"
+    assert torch.equal(together_cache[0], keys) and torch.equal(together_cache[1], values)
+
+
+@needs_compiler
+def test_verify_steps_run_through_the_layers_with_the_same_tokens(tiny_folder):
+    """n-gram drafts verified through the layers without module calls (the verify attention compiled where
+    it measures faster): the modules' greedy tokens, and the layers served verify passes of several rows."""
+    llm = LLM(
+        model=str(tiny_folder), device="cpu", dtype="float32", skip_tokenizer_init=True, max_model_len=256,
+        speculative="ngram", num_speculative_tokens=3,
+    )  # fmt: skip
+    model, config = llm.engine.model, llm.engine.model.config
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    cache_dtype = llm.engine.runner.cache.k.dtype
+    layers = DecodeLayers(
+        model,
+        compiled_attention(*heads, torch.float32, cache_dtype)[0],
+        verify_attention(*heads, torch.float32, cache_dtype),
+    )
+    served, rows_context = [], layers.rows_context
+    layers.rows_context = lambda *args: (lambda got: served.append(got is not None) or got)(
+        rows_context(*args)
+    )
+    repeating = [[5, 17, 3, 88] * 4, [42, 9, 42, 9, 42, 9]]
+    expected, got = _modules_then(Counting(layers), llm, repeating)
+    assert got == expected
+    assert sum(served) > 5, f"the layers served {sum(served)} steps of several rows"
+    llm.shutdown()

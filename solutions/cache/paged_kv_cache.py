@@ -167,6 +167,27 @@ class PagedAttention:
         rows = cache_slots(bucket.table[0], positions, self.cache.block_size)
         return DecodeContext(keys, values, self._slots, rows)
 
+    def verify_context(self, max_rows: int) -> DecodeContext | None:
+        """One sequence's 2 to ``max_rows`` new tokens after its context (a verify pass over a chain of
+        drafts, say) as a ``DecodeContext`` in its gathered form: ``row`` ``[R]`` the tokens' cache rows,
+        ``rows`` ``[L]`` the whole context's in token order, the tokens' last. None on any other step and on
+        the Triton path."""
+        meta = self.meta
+        if (
+            self.triton
+            or self._step.num_seqs != 1
+            or self._step.num_single != 0
+            or self._with_slot is not None
+            or not 2 <= meta.max_query_len <= max_rows
+        ):
+            return None
+        positions = torch.arange(meta.max_seq_len, device=meta.block_table.device)
+        rows = cache_slots(meta.block_table[0].long(), positions, self.cache.block_size)
+        keys, values = (
+            cache.view(cache.shape[0], -1, *cache.shape[3:]) for cache in (self.cache.k, self.cache.v)
+        )
+        return DecodeContext(keys, values, self._slots, rows)
+
     def rope_store_attend(
         self,
         layer: int,

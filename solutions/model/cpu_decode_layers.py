@@ -62,6 +62,8 @@ CACHE_FILE = "cpu_decode_layers.json"
 PATHS = ("plain", "compiled")
 REGIMES = {"decode": 1}  # one token: the only regime these serve
 MEASURE_CONTEXT = 256  # cache rows a measurement attends over
+MAX_VERIFY_ROWS = 16  # new tokens of one sequence a step may verify through the layers below
+MEASURE_ROWS = 4  # new tokens the verify attention is measured with (a chain of 3 drafts)
 CALLS_PER_ROUND = 16
 
 
@@ -91,6 +93,33 @@ def rope_store_attend(
     heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, L|1, D]
     attended = F.scaled_dot_product_attention(*heads_first, enable_gqa=True)
     return attended.reshape(1, -1).to(qkv.dtype)
+
+
+def rope_store_attend_rows(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    row: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    """``rope_store_attend`` for R new tokens of one sequence (a verify pass over a chain of drafts):
+    ``qkv`` ``[R, heads + 2 kv_heads, D]``, ``cos``, ``sin`` ``[R, D]``, their K and V written at ``row``
+    (``[R]``), then each query over the context ``rows`` (``[L]``, token order, the R tokens last) up to its
+    own position: query ``i`` sees the first ``L - R + 1 + i`` rows. Returns ``[R, heads * D]``."""
+    q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+    keys.index_copy_(0, row, k.to(keys.dtype))
+    values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    keys, values = keys.index_select(0, rows), values.index_select(0, rows)
+    new, context = qkv.shape[0], rows.shape[0]
+    visible = torch.arange(context)[None, :] <= torch.arange(context - new, context)[:, None]  # [R, L]
+    heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, R|L, D]
+    attended = F.scaled_dot_product_attention(*heads_first, attn_mask=visible, enable_gqa=True)
+    return attended[0].transpose(0, 1).reshape(new, -1).to(qkv.dtype)
 
 
 def library_key(path: Path) -> str:
@@ -214,6 +243,79 @@ def compiled_attention(
     )
 
 
+def rows_attention_inputs(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    new: int,
+    context: int,
+) -> list[torch.Tensor]:
+    """Seeded random inputs for ``rope_store_attend_rows``: ``new`` tokens after ``context - new`` others, in
+    a cache of ``2 * context + 3`` rows, the context's rows shuffled."""
+    generator = torch.Generator().manual_seed(0)
+    qkv = torch.randn(new, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)
+    angles = torch.rand(new, head_dim, generator=generator) * 6.3
+    keys, values = torch.randn(2, 2 * context + 3, kv_heads, head_dim, generator=generator).to(cache_dtype)
+    rows = torch.randperm(2 * context + 3, generator=generator)[:context]
+    return [qkv, angles.cos().to(dtype), angles.sin().to(dtype), keys, values, rows[-new:].clone(), rows]
+
+
+def compiled_rows_attention(
+    heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> tuple[Runner, Path]:
+    """``rope_store_attend_rows`` compiled for these head counts and dtypes, the new rows (2 to
+    ``MAX_VERIFY_ROWS``), the cache and the context free: the runner and its library's path."""
+    fn = functools.partial(rope_store_attend_rows, heads=heads, kv_heads=kv_heads)
+    new, slots, context = Dim("new", min=2, max=MAX_VERIFY_ROWS), Dim("slots", min=2), Dim("context", min=2)
+    dynamic = [{0: new}, {0: new}, {0: new}, {0: slots}, {0: slots}, {0: new}, {0: context}]
+    inputs = rows_attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 3, 37)
+    key = {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]}
+    name = f"rope-store-attend-rows-{dtypes_name(dtype, cache_dtype)}"
+    path = package_path(kernel_cache_dir(), name, (rope_store_attend_rows, apply_rope), inputs, dynamic, key)
+    if not path.exists():
+        log.info("compiling %s (once per machine and model shape: seconds)", path.name)
+    return compile_function(fn, inputs, dynamic, path), path
+
+
+@torch.inference_mode()
+def measure_rows_attention(
+    run: Runner, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> dict[str, dict]:
+    """``{"decode": {"path", "us"}}``: the compiled ``rope_store_attend_rows`` against the same function run
+    eagerly, ``MEASURE_ROWS`` new tokens over ``MEASURE_CONTEXT`` rows; a compiled one that disagrees with it
+    is not timed."""
+    plain = functools.partial(rope_store_attend_rows, heads=heads, kv_heads=kv_heads)
+    sizes = (heads, kv_heads, head_dim, dtype, cache_dtype, MEASURE_ROWS, MEASURE_CONTEXT)
+    inputs = functools.partial(rows_attention_inputs, *sizes)
+    expected_inputs, fresh = inputs(), inputs()
+    timed = inputs()
+    calls = {"plain": functools.partial(plain, *timed)}
+    if agrees(run(fresh), [plain(*expected_inputs)]) and agrees(fresh[3:5], expected_inputs[3:5]):
+        calls["compiled"] = functools.partial(run, timed)
+    best = fastest_rounds({name: [call] * CALLS_PER_ROUND for name, call in calls.items()})
+    us = {name: round(seconds * 1e6, 2) for name, seconds in best.items()}
+    return {"decode": {"path": min(us, key=us.get), "us": us}}
+
+
+def verify_attention(
+    heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """What ``DecodeLayers`` calls for a step of several new tokens: the compiled ``rope_store_attend_rows``
+    where it builds, agrees and measures faster, else the same function run eagerly (still without the
+    modules' calls)."""
+    plain = functools.partial(rope_store_attend_rows, heads=heads, kv_heads=kv_heads)
+    eager = lambda inputs: [plain(*inputs)]  # noqa: E731
+    try:
+        run, path = compiled_rows_attention(heads, kv_heads, head_dim, dtype, cache_dtype)
+    except CompileFailed as error:
+        log.warning("decode layers: AOTInductor could not build the verify attention (%s); eager", error)
+        return eager
+    measure = functools.partial(measure_rows_attention, run, heads, kv_heads, head_dim, dtype, cache_dtype)
+    return run if choose(library_key(path), measure) else eager
+
+
 def agree_in_both_forms(run: ContextRunners, plain: Callable, inputs: Callable[[bool], list]) -> bool:
     """Whether ``run`` agrees with ``plain`` (the function run eagerly) in both forms, outputs and the cache
     rows it wrote alike."""
@@ -246,11 +348,23 @@ class CompiledDecode:
         ]
 
     def context(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object) -> object:
-        """``attend``'s ``DecodeContext`` when this step can run compiled, else None."""
-        if not hidden.dtype == cos.dtype == sin.dtype == self.dtype or self.hooked():
+        """``attend``'s ``DecodeContext`` when this one-token step can run compiled, else None."""
+        if hidden.shape[0] != 1 or not hidden.dtype == cos.dtype == sin.dtype == self.dtype or self.hooked():
             return None
         decode_context = getattr(attend, "decode_context", None)
         return decode_context() if decode_context is not None else None
+
+    def rows_context(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: object
+    ) -> object:
+        """``attend``'s ``DecodeContext`` (gathered form) when this step is one sequence's 2 to
+        ``MAX_VERIFY_ROWS`` new tokens and can run here, else None."""
+        if not 2 <= hidden.shape[0] <= MAX_VERIFY_ROWS:
+            return None
+        if not hidden.dtype == cos.dtype == sin.dtype == self.dtype or self.hooked():
+            return None
+        verify_context = getattr(attend, "verify_context", None)
+        return verify_context(MAX_VERIFY_ROWS) if verify_context is not None else None
 
     def hooked(self) -> bool:
         """Whether a forward hook would miss its call (on a module stood in for, or on every module)."""
@@ -262,11 +376,18 @@ class CompiledDecode:
 class DecodeLayers(CompiledDecode):
     """``model``'s layers for one decode token as plain calls, attention compiled: a ``fused_decode``."""
 
-    def __init__(self, model: LlamaModel, attention: ContextRunners):
+    def __init__(
+        self,
+        model: LlamaModel,
+        attention: ContextRunners | None,
+        verify: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+    ):
+        """``attention`` serves one-token steps (None: this serves only steps of several tokens, as an INT4
+        model's, whose one-token layer is compiled whole), ``verify`` steps of several (None: it declines)."""
         super().__init__(model)
-        self.attention = attention
+        self.attention, self.verify = attention, verify
         config = model.config
-        self.eps, self.shape = config.rms_norm_eps, (1, config.num_heads + 2 * config.num_kv_heads, -1)
+        self.eps, self.heads = config.rms_norm_eps, config.num_heads + 2 * config.num_kv_heads
         # per layer, looked up once (a submodule lookup goes through nn.Module.__getattr__): the norms'
         # weights and the four linears, whose ``forward`` is read at each call (a timer may wrap it)
         self.parts = [
@@ -286,16 +407,19 @@ class DecodeLayers(CompiledDecode):
     ) -> torch.Tensor | None:
         """The hidden state after every layer (``hidden + residual``), or None when this step is not one it
         runs (see the module's docstring): the caller then runs the modules."""
-        context = self.context(hidden, cos, sin, attend)
+        attention = self.attention
+        context = self.context(hidden, cos, sin, attend) if attention is not None else None
+        if context is None and self.verify is not None:
+            context, attention = self.rows_context(hidden, cos, sin, attend), self.verify
         if context is None:
             return None
         context_tail = [context.row] if context.rows is None else [context.row, context.rows]
-        ops, eps, residual = self.model.ops, self.eps, None
+        ops, eps, residual, shape = self.model.ops, self.eps, None, (hidden.shape[0], self.heads, -1)
         for parts, keys, values in zip(self.parts, context.keys, context.values, strict=True):
             input_norm, qkv_proj, o_proj, post_norm, gate_up_proj, down_proj = parts
             normed, residual = ops.add_rms_norm(hidden, residual, input_norm, eps)
-            qkv = qkv_proj.forward(normed).view(self.shape)
-            attended = self.attention([qkv, cos, sin, keys, values, *context_tail])[0]
+            qkv = qkv_proj.forward(normed).view(shape)
+            attended = attention([qkv, cos, sin, keys, values, *context_tail])[0]
             hidden = o_proj.forward(attended)
             normed, residual = ops.add_rms_norm(hidden, residual, post_norm, eps)
             hidden = down_proj.forward(ops.silu_mul(gate_up_proj.forward(normed)))
@@ -337,4 +461,4 @@ def decode_layers(model: LlamaModel, cache_dtype: torch.dtype) -> DecodeLayers |
         return None
     if not choose(library_key(path), functools.partial(measure_attention, run, *heads, dtype, cache_dtype)):
         return None
-    return DecodeLayers(model, run)
+    return DecodeLayers(model, run, verify_attention(*heads, dtype, cache_dtype))

@@ -39,6 +39,7 @@ from ..kernels.cpu_linear import machine_key
 from ..model.cpu_decode_layers import (
     CompiledDecode,
     ContextRunners,
+    DecodeLayers,
     choose,
     compile_both,
     context_inputs,
@@ -46,6 +47,7 @@ from ..model.cpu_decode_layers import (
     library_key,
     measure_compiled,
     rope_store_attend,
+    verify_attention,
 )
 from ..model.layer_ops import fused_ops_enabled
 from ..model.llama import LlamaModel, add_rms_norm, apply_rope, rms_norm, silu_mul
@@ -187,9 +189,9 @@ def measure_layer(
 class Int4DecodeLayers(CompiledDecode):
     """``model``'s layers for one decode token, one compiled call each: ``LlamaModel.fused_decode``."""
 
-    def __init__(self, model: LlamaModel, run: ContextRunners):
+    def __init__(self, model: LlamaModel, run: ContextRunners, verify: DecodeLayers | None = None):
         super().__init__(model)
-        self.run = run
+        self.run, self.verify = run, verify
         self.weights = [layer_weights(layer) for layer in model.layers]
 
     def __call__(
@@ -197,6 +199,8 @@ class Int4DecodeLayers(CompiledDecode):
     ) -> torch.Tensor | None:
         """The hidden state after every layer (``hidden + residual``), or None when this step is not one it
         runs (``CompiledDecode.context``): the caller then runs the modules."""
+        if hidden.shape[0] > 1:  # a few tokens of one sequence: the layers as plain calls, if any
+            return self.verify(hidden, cos, sin, attend) if self.verify is not None else None
         context = self.context(hidden, cos, sin, attend)
         if context is None:
             return None
@@ -224,4 +228,7 @@ def int4_decode_layers(model: LlamaModel, cache_dtype: torch.dtype) -> Int4Decod
         return None
     if not choose(library_key(path), functools.partial(measure_layer, run, weights, shape, cache_dtype)):
         return None
-    return Int4DecodeLayers(model, run)
+    config = model.config
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    verify = verify_attention(*heads, model.norm.weight.dtype, cache_dtype)
+    return Int4DecodeLayers(model, run, DecodeLayers(model, None, verify))
