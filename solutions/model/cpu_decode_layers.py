@@ -25,12 +25,20 @@ fresh sequence's blocks), or its rows gathered (blocks shared through the prefix
 in another order), so it is compiled in both forms (``ContextRunners``). An INT4 model goes further: its
 whole layer is one compiled call (``quant/cpu_int4_layer.py``).
 
+A verify pass (a chain's root and drafts: one sequence's 2 to ``MAX_VERIFY_ROWS`` new tokens, or a short
+prompt chunk) runs the same loop over its rows, its attention ``rope_store_attend_rows``: each new token over
+its own prefix (the context gathered in token order, a mask that lets token ``i`` see its predecessors),
+compiled with the rows free where it agrees with its eager form and measures faster, else run eagerly. Without
+this a verify pass ran the modules, and paid about a third of a plain step for it on top of its extra rows
+(``bench decode --rows``: the step from one row to two).
+
 When it runs (``__call__`` returns None otherwise, and the model runs its modules): a step of one token, a
-lone decode on the torch path (``decode_context``), hidden states and rotary tables of the dtype it was built
-for, and no forward hook on any module it stands in for (a hook must see its module run). The compiled
-attention is chosen as the fused chains are (``model/cpu_layer_ops.py``): only where it agrees with the eager
-one (in both forms) and measures faster, cached in ``cache_dir()/cpu_decode_layers.json``;
-``FASTMODE_FUSED=0`` and the ``labs`` package keep the modules.
+lone decode on the torch path (``decode_context``), or of one sequence's few new tokens (``verify_context``);
+hidden states and rotary tables of the dtype it was built for, and no forward hook on any module it stands in
+for (a hook must see its module run). The compiled attention is chosen as the fused chains are
+(``model/cpu_layer_ops.py``): only where it agrees with the eager one (in both forms) and measures faster,
+cached in ``cache_dir()/cpu_decode_layers.json``; ``FASTMODE_FUSED=0`` and the ``labs`` package keep the
+modules.
 
 Invariant: the hidden states equal the modules' up to rounding (the compiled RoPE and casts round where
 eager rounds; attention is the same SDPA kernel). Built for ``model``'s modules as they are at construction:
@@ -60,7 +68,7 @@ from .moe import MoEMLP
 log = logging.getLogger("fastmode")
 CACHE_FILE = "cpu_decode_layers.json"
 PATHS = ("plain", "compiled")
-REGIMES = {"decode": 1}  # one token: the only regime these serve
+REGIMES = {"decode": 1}  # the regime a decision is filed under (one-token and verify attention alike)
 MEASURE_CONTEXT = 256  # cache rows a measurement attends over
 MAX_VERIFY_ROWS = 16  # new tokens of one sequence a step may verify through the layers below
 MEASURE_ROWS = 4  # new tokens the verify attention is measured with (a chain of 3 drafts)

@@ -14,7 +14,8 @@ The layer is the model's own math: ``llama.py``'s ``add_rms_norm``, ``apply_rope
 SDPA as the eager path calls it, and ``QuantLinear``'s product (``int4_mm_cpu``), exported with the model's
 sizes fixed and only the context length free: one library per model shape, dtype and machine, compiled on
 first use (seconds) into ``paths.kernel_cache_dir()`` and loaded in milliseconds after. It runs on the
-steps ``DecodeLayers`` runs (``CompiledDecode``: one token, a lone decode, no hook; both context forms),
+one-token steps ``DecodeLayers`` runs (``CompiledDecode``: a lone decode, no hook; both context forms; a step
+of several tokens of one sequence goes to a ``DecodeLayers`` loop over the same modules),
 and is chosen the same way: where it agrees with the same function run eagerly and measures faster (cached
 beside ``DecodeLayers``' decisions); ``FASTMODE_FUSED=0`` and the ``labs`` package keep the modules.
 
