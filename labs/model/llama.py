@@ -261,8 +261,9 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
-        # Optional: the layers for a one-token step without module calls (``model/cpu_decode_layers.py``),
-        # given (hidden, cos, sin, attend); it returns None for a step it cannot run, and the layers run here.
+        # Optional: the layers for a one-token step, or a few tokens of one sequence, without module calls
+        # (``model/cpu_decode_layers.py``), given (hidden, cos, sin, attend); it returns None for a step it
+        # cannot run, and the layers run here.
         self.fused_decode: Callable[..., torch.Tensor | None] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -275,7 +276,7 @@ class LlamaModel(nn.Module):
             )
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         hidden, residual = self.embed_tokens(input_ids), None
-        if self.fused_decode is not None and input_ids.shape[0] == 1:
+        if self.fused_decode is not None:
             out = self.fused_decode(hidden, cos, sin, attend)
             if out is not None:
                 return out
