@@ -90,12 +90,14 @@ def test_a_quant_linear_runs_the_packed_kernel_where_its_rows_say(monkeypatch):
     )
     decisions = use_fastest_int4(holder)
     assert set(decisions) == {"int4g64:128x256"}
-    assert set(holder.proj.rows_paths) == {"packed"}
+    assert set(holder.proj.rows_paths) == {"packed"} and holder.proj.prefill_path == "packed"
     x = torch.randn(5, 256)
     calls, original = [], cpu_rows.apply_int4
     monkeypatch.setattr(cpu_rows, "apply_int4", lambda *args: calls.append(1) or original(*args))
     got = holder.proj(x)
     assert calls, "the layer did not call the packed kernel"
+    holder.proj(torch.randn(70, 256))  # a prompt's rows too: its K/V must be what a lone decode computes
+    assert len(calls) == 2, "a call of more than 64 rows left the packed kernel under the invariant mode"
     torch_result = int4_mm_cpu(x, holder.proj.qweight, 64, holder.proj.scale_offset)
     assert got.dtype == torch.float32
     assert torch.allclose(got, torch_result, rtol=1e-2, atol=1e-2)

@@ -126,14 +126,15 @@ class StepClock:
 
 class _TimedAttend:
     """The model's ``attend``, every call timed as attention (``rope_store_attend`` too, where offered);
-    ``decode_context`` (the compiled layers' way in) is passed through untimed."""
+    ``decode_context`` and ``verify_context`` (the compiled layers' ways in) are passed through untimed."""
 
     def __init__(self, attend, clock: StepClock):
         self._attend, self._call = attend, clock.timed("attention", attend)
         if hasattr(attend, "rope_store_attend"):
             self.rope_store_attend = clock.timed("attention", attend.rope_store_attend)
-        if hasattr(attend, "decode_context"):
-            self.decode_context = attend.decode_context
+        for way_in in ("decode_context", "verify_context"):
+            if hasattr(attend, way_in):
+                setattr(self, way_in, getattr(attend, way_in))
 
     def __call__(self, layer, q, k, v):
         return self._call(layer, q, k, v)

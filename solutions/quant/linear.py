@@ -11,10 +11,11 @@
   scale and offset sit in one bfloat16 ``[K/g, N, 2]`` tensor, and activations go in as bfloat16 (float32
   ones take a path about 30x slower, so float32 activations are cast; a bfloat16 engine needs no cast).
 
-On a CPU a call of 2 to 64 rows (a verify pass, a few sequences decoding together) may instead run the
-course's own kernel over the same buffers (``kernels/cpu_rows.c``'s ``rows_int4``: each weight read once
-whatever the rows, each row summed in one fixed order), where ``use_fastest_int4`` measured it faster than
-torch's for the shape and row count; under ``$FASTMODE_BATCH_INVARIANT=1`` it runs at every row count. It
+On a CPU a call (a verify pass, a few sequences decoding together, a prompt) may instead run the course's
+own kernel over the same buffers (``kernels/cpu_rows.c``'s ``rows_int4``: each weight read once whatever the
+rows, each row summed in one fixed order), where ``use_fastest_int4`` measured it faster than torch's for the
+shape and row count; under ``$FASTMODE_BATCH_INVARIANT=1`` it runs at every row count, prompts included (a
+prompt's K/V must come out as a lone decode would compute them). It
 rounds its result to bfloat16 as torch's kernel does.
 
 Either way one INT4 code costs half a byte and a group adds 4 bytes (CPU) or 3 bytes (CUDA).
@@ -75,8 +76,10 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = quantized.q.shape
         self.w_bit, self.group_size, self.dtype = quantized.w_bit, quantized.group_size, dtype
-        # rows 0..SMALL_ROWS -> "torch" or "packed" (set by use_fastest_int4); None: torch's kernel throughout
+        # rows 0..SMALL_ROWS -> "torch" or "packed", and the path for more rows (set by use_fastest_int4);
+        # None: torch's kernel throughout
         self.rows_paths: list[str] | None = None
+        self.prefill_path = "torch"
         device = quantized.q.device
         if device.type == "cuda":
             self.backend = "triton"
@@ -106,9 +109,10 @@ class QuantLinear(nn.Module):
         return cls(quantize(weight, w_bit, group_size, max_val), weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows_paths is not None and x.numel() <= SMALL_ROWS * self.in_features:
+        if self.rows_paths is not None:
             flat = x.reshape(-1, self.in_features)
-            if self.rows_paths[flat.shape[0]] == "packed":
+            rows = flat.shape[0]
+            if (self.rows_paths[rows] if rows <= SMALL_ROWS else self.prefill_path) == "packed":
                 out = cpu_rows.apply_int4(flat.contiguous(), self.qweight, self.group_size, self.scale_offset)
                 return out.reshape(*x.shape[:-1], self.out_features)
         if self.backend == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
@@ -211,7 +215,7 @@ def use_fastest_int4(model: nn.Module) -> dict[str, dict]:
     for key, group in by_shape.items():
         table = rows_table({regime: pick["path"] for regime, pick in decisions[key].items()})
         for module in group:
-            module.rows_paths = table
+            module.rows_paths, module.prefill_path = table, decisions[key]["prefill"]["path"]
     return decisions
 
 
