@@ -256,7 +256,9 @@ def test_steps_it_cannot_run_are_left_to_the_layers(int4_llm):
         model.fused_decode = None
 
 
-def _one_decode(blocks: list[int], length: int, slot: int) -> PagedAttention:
+def _paged_step(blocks: list[int], length: int, slots: list[int], sequences: int = 1) -> PagedAttention:
+    """A step of ``len(slots)`` new tokens (their cache rows) at the end of a ``length``-token sequence whose
+    blocks are ``blocks`` (``sequences`` copies of it), in a 3-layer cache of 8 blocks of 4 rows."""
     cache = PagedKVCache(
         num_layers=3,
         num_blocks=8,
@@ -267,14 +269,18 @@ def _one_decode(blocks: list[int], length: int, slot: int) -> PagedAttention:
         device="cpu",
     )
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor([slot]),
-        block_table=torch.tensor([blocks], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
-        seq_lens=torch.tensor([length], dtype=torch.int32),
-        max_query_len=1,
+        slot_mapping=torch.tensor(slots * sequences),
+        block_table=torch.tensor([blocks] * sequences, dtype=torch.int32),
+        query_start_loc=torch.arange(sequences + 1, dtype=torch.int32) * len(slots),
+        seq_lens=torch.full((sequences,), length, dtype=torch.int32),
+        max_query_len=len(slots),
         max_seq_len=length,
     )
     return PagedAttention(cache, meta, "torch")
+
+
+def _one_decode(blocks: list[int], length: int, slot: int) -> PagedAttention:
+    return _paged_step(blocks, length, [slot])
 
 
 def test_decode_context_views_one_run_of_the_cache():
@@ -367,34 +373,16 @@ def test_no_compiler_or_fused_off_keeps_the_modules(int4_llm, monkeypatch, caplo
 
 
 def _verify_step(blocks: list[int], length: int, new: int, sequences: int = 1) -> PagedAttention:
-    """A step of ``new`` tokens at the end of a ``length``-token sequence (``sequences`` copies of it)."""
-    cache = PagedKVCache(
-        num_layers=2,
-        num_blocks=8,
-        block_size=4,
-        num_kv_heads=2,
-        head_dim=8,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    table = torch.tensor(blocks, dtype=torch.int32)
+    """A step of a sequence's last ``new`` tokens (``sequences`` copies of it)."""
     slots = [blocks[p // 4] * 4 + p % 4 for p in range(length - new, length)]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots * sequences),
-        block_table=table.repeat(sequences, 1),
-        query_start_loc=torch.arange(sequences + 1, dtype=torch.int32) * new,
-        seq_lens=torch.full((sequences,), length, dtype=torch.int32),
-        max_query_len=new,
-        max_seq_len=length,
-    )
-    return PagedAttention(cache, meta, "torch")
+    return _paged_step(blocks, length, slots, sequences)
 
 
 def test_verify_context_names_the_new_tokens_rows_and_the_whole_context():
     """One sequence's 3 new tokens after 7 others: their cache rows, and the context's rows in token order
     (theirs last); a step of two sequences, of one token, or of more rows than asked for is not one."""
     context = _verify_step([5, 2, 6], length=10, new=3).verify_context(16)
-    assert context.keys.shape == context.values.shape == (2, 32, 2, 8)
+    assert context.keys.shape == context.values.shape == (3, 32, 2, 8)
     assert context.rows.tolist() == [20, 21, 22, 23, 8, 9, 10, 11, 24, 25]
     assert context.row.tolist() == [11, 24, 25]
     assert _verify_step([5, 2, 6], length=10, new=3, sequences=2).verify_context(16) is None

@@ -88,8 +88,7 @@ def test_a_quant_linear_runs_the_packed_kernel_where_its_rows_say(monkeypatch):
     holder.proj = QuantLinear.from_float(
         torch.randn(128, 256, generator=torch.Generator().manual_seed(1)), 4, 64
     )
-    decisions = use_fastest_int4(holder)
-    assert set(decisions) == {"int4g64:128x256"}
+    assert use_fastest_int4(holder) == {}  # nothing measured: the invariant mode needs one kernel
     assert set(holder.proj.rows_paths) == {"packed"} and holder.proj.prefill_path == "packed"
     x = torch.randn(5, 256)
     calls, original = [], cpu_rows.apply_int4

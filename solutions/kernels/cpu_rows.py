@@ -8,7 +8,7 @@ and oneDNN's prepacked product fall to 10-12 GB/s at 8 rows (a general GEMM pack
 large M and pays a dispatch that a 66-microsecond product notices). ``bench decode --rows`` shows what that
 does to a verify pass.
 
-``cpu_rows.c`` is the kernel, about sixty lines of C: the weight packed in blocks of 16 output columns, each
+``cpu_rows.c`` is the kernel, a few hundred lines of C: the weight packed in blocks of 16 output columns, each
 block one contiguous run, and for each block up to 8 rows' partial sums held in registers while the block
 streams past (its comment gives the loop). Each row's sums run in one fixed order, so a row's result is the
 same alone or beside others (batch-invariant by construction).

@@ -75,6 +75,26 @@ MEASURE_ROWS = 4  # new tokens the verify attention is measured with (a chain of
 CALLS_PER_ROUND = 16
 
 
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    row: torch.Tensor,
+    *,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    """RoPE on the new tokens' Q and K heads (``qkv`` ``[R, heads + 2 kv_heads, D]``), their K and V written
+    at ``row`` (``[R]``) of ``keys``, ``values`` (in place, in the cache's dtype); returns the rotated
+    queries ``[R, heads, D]``."""
+    q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+    keys.index_copy_(0, row, k.to(keys.dtype))
+    values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    return q
+
+
 def rope_store_attend(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -93,9 +113,7 @@ def rope_store_attend(
     ``keys`` and ``values`` (one run of cache rows, read in place), or given ``rows`` (``[L]`` int64, in token
     order), those rows gathered. Returns ``[1, heads * D]`` in ``qkv``'s dtype; attention runs in the cache's
     dtype."""
-    q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
-    keys.index_copy_(0, row, k.to(keys.dtype))
-    values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    q = rope_store(qkv, cos, sin, keys, values, row, heads=heads, kv_heads=kv_heads)
     if rows is not None:
         keys, values = keys.index_select(0, rows), values.index_select(0, rows)
     heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, L|1, D]
@@ -119,9 +137,7 @@ def rope_store_attend_rows(
     ``qkv`` ``[R, heads + 2 kv_heads, D]``, ``cos``, ``sin`` ``[R, D]``, their K and V written at ``row``
     (``[R]``), then each query over the context ``rows`` (``[L]``, token order, the R tokens last) up to its
     own position: query ``i`` sees the first ``L - R + 1 + i`` rows. Returns ``[R, heads * D]``."""
-    q, k = apply_rope(qkv[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
-    keys.index_copy_(0, row, k.to(keys.dtype))
-    values.index_copy_(0, row, qkv[:, heads + kv_heads :].to(values.dtype))
+    q = rope_store(qkv, cos, sin, keys, values, row, heads=heads, kv_heads=kv_heads)
     keys, values = keys.index_select(0, rows), values.index_select(0, rows)
     new, context = qkv.shape[0], rows.shape[0]
     visible = torch.arange(context)[None, :] <= torch.arange(context - new, context)[:, None]  # [R, L]
@@ -245,7 +261,7 @@ def compiled_attention(
     return compile_both(
         fn,
         f"rope-store-attend-{dtypes_name(dtype, cache_dtype)}",
-        (rope_store_attend, apply_rope),
+        (rope_store_attend, rope_store, apply_rope),
         {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]},
         lambda gathered: attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 37, gathered),
     )
@@ -281,7 +297,9 @@ def compiled_rows_attention(
     inputs = rows_attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 3, 37)
     key = {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]}
     name = f"rope-store-attend-rows-{dtypes_name(dtype, cache_dtype)}"
-    path = package_path(kernel_cache_dir(), name, (rope_store_attend_rows, apply_rope), inputs, dynamic, key)
+    path = package_path(
+        kernel_cache_dir(), name, (rope_store_attend_rows, rope_store, apply_rope), inputs, dynamic, key
+    )
     if not path.exists():
         log.info("compiling %s (once per machine and model shape: seconds)", path.name)
     return compile_function(fn, inputs, dynamic, path), path

@@ -47,6 +47,7 @@ from ..model.cpu_decode_layers import (
     dtypes_name,
     library_key,
     measure_compiled,
+    rope_store,
     rope_store_attend,
     verify_attention,
 )
@@ -106,7 +107,16 @@ def decode_layer(
     return int4_mm_cpu(activated, down, group, down_scales), residual
 
 
-SOURCES = (decode_layer, add_rms_norm, rms_norm, rope_store_attend, apply_rope, silu_mul, int4_mm_cpu)
+SOURCES = (
+    decode_layer,
+    add_rms_norm,
+    rms_norm,
+    rope_store_attend,
+    rope_store,
+    apply_rope,
+    silu_mul,
+    int4_mm_cpu,
+)
 
 
 def layer_weights(layer: nn.Module) -> tuple[torch.Tensor, ...]:

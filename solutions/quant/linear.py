@@ -194,24 +194,22 @@ def use_fastest_int4(model: nn.Module) -> dict[str, dict]:
     """Give each CPU ``QuantLinear`` of ``model`` the INT4 product measured fastest for its shape at each row
     count up to ``SMALL_ROWS`` (cached in ``cache_dir()/cpu_int4_linear.json`` per machine), or under
     ``$FASTMODE_BATCH_INVARIANT=1`` the packed kernel at every row count. Nothing changes where the packed
-    kernel cannot be built. Returns the decisions (shape key -> ``{regime: {path, us}}``)."""
+    kernel cannot be built. Returns the measured decisions (shape key -> ``{regime: {path, us}}``; none in the
+    invariant mode, which measures nothing)."""
     modules = [m for m in model.modules() if isinstance(m, QuantLinear) and m.backend == "cpu"]
     if not modules or cpu_rows.library() is None:
+        return {}
+    if batch_invariant():  # the row-invariant kernel at every row count, prompts included: nothing to measure
+        for module in modules:
+            module.rows_paths, module.prefill_path = ["packed"] * (SMALL_ROWS + 1), "packed"
         return {}
     by_shape: dict[str, list[QuantLinear]] = {}
     for module in modules:
         key = f"int4g{module.group_size}:{module.out_features}x{module.in_features}"
         by_shape.setdefault(key, []).append(module)
-    if batch_invariant():
-        decisions = {
-            key: {regime: {"path": "packed", "us": {"packed": 1.0}} for regime in REGIMES} for key in by_shape
-        }
-    else:
-        machine = machine_key({"paths": list(INT4_PATHS), "regimes": REGIMES})
-        measures = {key: (lambda group=group: measure_int4(group)) for key, group in by_shape.items()}
-        decisions = cached_decisions(
-            measures, True, cache_dir() / INT4_CACHE_FILE, machine, INT4_PATHS, REGIMES
-        )
+    machine = machine_key({"paths": list(INT4_PATHS), "regimes": REGIMES})
+    measures = {key: (lambda group=group: measure_int4(group)) for key, group in by_shape.items()}
+    decisions = cached_decisions(measures, True, cache_dir() / INT4_CACHE_FILE, machine, INT4_PATHS, REGIMES)
     for key, group in by_shape.items():
         table = rows_table({regime: pick["path"] for regime, pick in decisions[key].items()})
         for module in group:
