@@ -26,6 +26,7 @@ from solutions.model.cpu_decode_layers import (
 from solutions.model.llama import PLAIN_OPS
 from solutions.quant import cpu_int4_layer
 from solutions.quant.cpu_int4_layer import Int4DecodeLayers, decode_layer, layer_shape, layer_weights
+from solutions.speculative.tree import TreeAttention, tree_attention_mask
 
 
 def _has_compiler() -> bool:
@@ -385,6 +386,9 @@ def test_verify_context_names_the_new_tokens_rows_and_the_whole_context():
     assert context.keys.shape == context.values.shape == (3, 32, 2, 8)
     assert context.rows.tolist() == [20, 21, 22, 23, 8, 9, 10, 11, 24, 25]
     assert context.row.tolist() == [11, 24, 25]
+    assert context.visible.tolist() == [[True] * (8 + i) + [False] * (2 - i) for i in range(3)], (
+        "token i of the 3 new ones sees the 7 before them and the new ones up to itself"
+    )
     assert _verify_step([5, 2, 6], length=10, new=3, sequences=2).verify_context(16) is None
     assert _verify_step([5, 2, 6], length=10, new=3).verify_context(2) is None
     assert _verify_step([5, 2, 6], length=10, new=1).verify_context(16) is None
@@ -401,9 +405,11 @@ def test_rows_attention_is_each_token_attending_alone_over_its_own_prefix():
     keys, values = torch.randn(2, 2 * context, kv_heads, dim, generator=generator)
     rows = torch.randperm(2 * context, generator=generator)[:context]
     together_cache = [keys.clone(), values.clone()]
+    causal = torch.arange(context)[None, :] <= torch.arange(context - new, context)[:, None]
     together = rope_store_attend_rows(
-        qkv, angles.cos(), angles.sin(), *together_cache, rows[-new:], rows, heads=heads, kv_heads=kv_heads
-    )
+        qkv, angles.cos(), angles.sin(), *together_cache, rows[-new:], rows, causal,
+        heads=heads, kv_heads=kv_heads,
+    )  # fmt: skip
     for i in range(new):
         position = context - new + i
         alone = rope_store_attend(
@@ -412,6 +418,62 @@ def test_rows_attention_is_each_token_attending_alone_over_its_own_prefix():
         )  # fmt: skip
         assert torch.allclose(together[i : i + 1], alone, atol=1e-5), f"new token {i}"
     assert torch.equal(together_cache[0], keys) and torch.equal(together_cache[1], values)
+
+
+@torch.inference_mode()
+def test_rows_attention_under_a_tree_mask_is_each_node_over_its_own_path():
+    """A tree's nodes verified in one call (``rope_store_attend_rows`` with the tree mask beside the context):
+    node ``i`` equals ``rope_store_attend`` of its token alone over the context then its path, as if its path
+    had been accepted; a node that attended to a sibling's or a cousin's row would differ."""
+    parents = [-1, 0, 0, 1, 1, 2, 3]  # root; a, b; c, d under a; e under b; f under c
+    heads, kv_heads, dim, before, new = 6, 2, 16, 9, len(parents)
+    generator = torch.Generator().manual_seed(4)
+    qkv = torch.randn(new, heads + 2 * kv_heads, dim, generator=generator)
+    angles = torch.rand(new, dim, generator=generator) * 6.3
+    keys, values = torch.randn(2, 3 * (before + new), kv_heads, dim, generator=generator)
+    rows = torch.randperm(3 * (before + new), generator=generator)[: before + new]
+    mask = tree_attention_mask(parents)
+    visible = torch.cat([torch.ones(new, before, dtype=torch.bool), mask], dim=1)
+    cache = [keys.clone(), values.clone()]
+    together = rope_store_attend_rows(
+        qkv, angles.cos(), angles.sin(), *cache, rows[before:], rows, visible, heads=heads, kv_heads=kv_heads
+    )
+    for node in range(new):
+        path = rows[before:][mask[node]]  # the node's ancestors then itself, in depth order
+        alone = rope_store_attend(
+            qkv[node : node + 1], angles[node : node + 1].cos(), angles[node : node + 1].sin(), *cache,
+            rows[before + node : before + node + 1], torch.cat([rows[:before], path]),
+            heads=heads, kv_heads=kv_heads,
+        )  # fmt: skip
+        assert torch.allclose(together[node : node + 1], alone, atol=1e-5), (
+            f"tree node {node} (parent {parents[node]}) does not equal its token over its own path"
+        )
+
+
+def test_a_tree_step_alone_gives_its_context_with_the_tree_mask():
+    """``TreeAttention.verify_context``: a step verifying one tree and nothing else names the nodes' rows, the
+    context's then the nodes' rows, and the tree mask beside an all-visible context; a step where a tree
+    shares the batch gives None."""
+    parents = [-1, 0, 0, 1]
+    blocks, length = [5, 2, 6], 10  # 6 tokens of context, then the tree's 4 nodes
+    slots = [blocks[p // 4] * 4 + p % 4 for p in range(length - 4, length)]
+    paged = _paged_step(blocks, length, slots)
+    context_slots = torch.tensor([blocks[p // 4] * 4 + p % 4 for p in range(6)])
+    tree = TreeAttention(
+        paged, paged.cache.k, paged.cache.v, [(slice(0, 4), context_slots, tree_attention_mask(parents))]
+    )
+    context = tree.verify_context(16)
+    assert context.row.tolist() == slots and context.rows.tolist() == context_slots.tolist() + slots
+    assert context.visible.tolist() == [[True] * 6 + row for row in tree_attention_mask(parents).tolist()], (
+        "the tree's nodes see all of the context and their own path"
+    )
+    assert context.keys.shape == (3, 32, 2, 8)
+    assert tree.verify_context(3) is None, "a tree of more nodes than asked for"
+    shared = _paged_step(blocks, length, slots, sequences=2)
+    in_a_batch = TreeAttention(
+        shared, shared.cache.k, shared.cache.v, [(slice(0, 4), context_slots, tree_attention_mask(parents))]
+    )
+    assert in_a_batch.verify_context(16) is None, "a tree sharing its step with another sequence"
 
 
 @needs_compiler

@@ -100,12 +100,15 @@ class DecodeContext:
     every layer's cache (in block-id order, every one of them context, read in place), and the token goes to
     row ``row`` (``[1]`` int64) of them. Otherwise ``keys``, ``values`` are every layer's whole cache
     ``[num_layers, num_slots, Hkv, D]``, the token goes to cache row ``row``, and ``rows`` (``[L]`` int64) are
-    the context's cache rows in token order, the token's own last."""
+    the context's cache rows in token order, the token's own last. A step of several new tokens (a verify
+    pass) comes in the gathered form with ``row`` ``[R]`` and ``visible`` (``[R, L]`` bool): which of the
+    context's rows each new token attends to (its predecessors for a chain, its path for a tree)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     row: torch.Tensor
     rows: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
 
 
 class PagedAttention:
@@ -156,9 +159,7 @@ class PagedAttention:
         ):
             return None
         bucket = self._step.decode_buckets[0]
-        keys, values = (
-            cache.view(cache.shape[0], -1, *cache.shape[3:]) for cache in (self.cache.k, self.cache.v)
-        )
+        keys, values = self.flat_caches()
         run = bucket.run
         if run is not None and run.mask is None and 0 <= int(self._slots[0]) - run.start < run.length:
             in_run = slice(run.start, run.start + run.length)
@@ -170,8 +171,8 @@ class PagedAttention:
     def verify_context(self, max_rows: int) -> DecodeContext | None:
         """One sequence's 2 to ``max_rows`` new tokens after its context (a verify pass over a chain of
         drafts, say) as a ``DecodeContext`` in its gathered form: ``row`` ``[R]`` the tokens' cache rows,
-        ``rows`` ``[L]`` the whole context's in token order, the tokens' last. None on any other step and on
-        the Triton path."""
+        ``rows`` ``[L]`` the whole context's in token order, the tokens' last, ``visible`` causal (token
+        ``i`` sees the first ``L - R + 1 + i`` rows). None on any other step and on the Triton path."""
         meta = self.meta
         if (
             self.triton
@@ -181,12 +182,17 @@ class PagedAttention:
             or not 2 <= meta.max_query_len <= max_rows
         ):
             return None
-        positions = torch.arange(meta.max_seq_len, device=meta.block_table.device)
+        context, new = meta.max_seq_len, meta.max_query_len
+        positions = torch.arange(context, device=meta.block_table.device)
         rows = cache_slots(meta.block_table[0].long(), positions, self.cache.block_size)
-        keys, values = (
+        visible = positions[None, :] <= positions[context - new :, None]
+        return DecodeContext(*self.flat_caches(), self._slots, rows, visible)
+
+    def flat_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's K and V cache as rows: ``[num_layers, num_slots, Hkv, D]`` views."""
+        return tuple(
             cache.view(cache.shape[0], -1, *cache.shape[3:]) for cache in (self.cache.k, self.cache.v)
         )
-        return DecodeContext(keys, values, self._slots, rows)
 
     def rope_store_attend(
         self,

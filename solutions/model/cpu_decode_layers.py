@@ -25,10 +25,10 @@ fresh sequence's blocks), or its rows gathered (blocks shared through the prefix
 in another order), so it is compiled in both forms (``ContextRunners``). An INT4 model goes further: its
 whole layer is one compiled call (``quant/cpu_int4_layer.py``).
 
-A verify pass (a chain's root and drafts: one sequence's 2 to ``MAX_VERIFY_ROWS`` new tokens, or a short
-prompt chunk) runs the same loop over its rows, its attention ``rope_store_attend_rows``: each new token over
-its own prefix (the context gathered in token order, a mask that lets token ``i`` see its predecessors),
-compiled with the rows free where it agrees with its eager form and measures faster, else run eagerly. Without
+A verify pass (a chain's or a tree's root and drafts: one sequence's 2 to ``MAX_VERIFY_ROWS`` new tokens, or
+a short prompt chunk) runs the same loop over its rows, its attention ``rope_store_attend_rows``: each new
+token over the context gathered and the mask the step gives (``verify_context`` of ``PagedAttention``: token
+``i`` sees its predecessors; of ``TreeAttention``: a node sees the context and its own path), compiled with the rows free where it agrees with its eager form and measures faster, else run eagerly. Without
 this a verify pass ran the modules, and paid about a third of a plain step for it on top of its extra rows
 (``bench decode --rows``: the step from one row to two).
 
@@ -129,18 +129,19 @@ def rope_store_attend_rows(
     values: torch.Tensor,
     row: torch.Tensor,
     rows: torch.Tensor,
+    visible: torch.Tensor,
     *,
     heads: int,
     kv_heads: int,
 ) -> torch.Tensor:
-    """``rope_store_attend`` for R new tokens of one sequence (a verify pass over a chain of drafts):
-    ``qkv`` ``[R, heads + 2 kv_heads, D]``, ``cos``, ``sin`` ``[R, D]``, their K and V written at ``row``
-    (``[R]``), then each query over the context ``rows`` (``[L]``, token order, the R tokens last) up to its
-    own position: query ``i`` sees the first ``L - R + 1 + i`` rows. Returns ``[R, heads * D]``."""
+    """``rope_store_attend`` for R new tokens of one sequence (a verify pass over a chain or a tree of
+    drafts): ``qkv`` ``[R, heads + 2 kv_heads, D]``, ``cos``, ``sin`` ``[R, D]``, their K and V written at
+    ``row`` (``[R]``), then each query over the context ``rows`` (``[L]``, the R tokens last) where
+    ``visible`` (``[R, L]`` bool) lets it see: for a chain, query ``i`` sees the first ``L - R + 1 + i`` rows;
+    for a tree, the context and the node's own path. Returns ``[R, heads * D]``."""
     q = rope_store(qkv, cos, sin, keys, values, row, heads=heads, kv_heads=kv_heads)
     keys, values = keys.index_select(0, rows), values.index_select(0, rows)
-    new, context = qkv.shape[0], rows.shape[0]
-    visible = torch.arange(context)[None, :] <= torch.arange(context - new, context)[:, None]  # [R, L]
+    new = qkv.shape[0]
     heads_first = [t.transpose(0, 1)[None] for t in (q.to(keys.dtype), keys, values)]  # [1, H, R|L, D]
     attended = F.scaled_dot_product_attention(*heads_first, attn_mask=visible, enable_gqa=True)
     return attended[0].transpose(0, 1).reshape(new, -1).to(qkv.dtype)
@@ -277,13 +278,25 @@ def rows_attention_inputs(
     context: int,
 ) -> list[torch.Tensor]:
     """Seeded random inputs for ``rope_store_attend_rows``: ``new`` tokens after ``context - new`` others, in
-    a cache of ``2 * context + 3`` rows, the context's rows shuffled."""
+    a cache of ``2 * context + 3`` rows, the context's rows shuffled, a random mask that lets each token see
+    the context and itself."""
     generator = torch.Generator().manual_seed(0)
     qkv = torch.randn(new, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)
     angles = torch.rand(new, head_dim, generator=generator) * 6.3
     keys, values = torch.randn(2, 2 * context + 3, kv_heads, head_dim, generator=generator).to(cache_dtype)
     rows = torch.randperm(2 * context + 3, generator=generator)[:context]
-    return [qkv, angles.cos().to(dtype), angles.sin().to(dtype), keys, values, rows[-new:].clone(), rows]
+    among_new = (torch.rand(new, new, generator=generator) < 0.5) | torch.eye(new, dtype=torch.bool)
+    visible = torch.cat([torch.ones(new, context - new, dtype=torch.bool), among_new], dim=1)
+    return [
+        qkv,
+        angles.cos().to(dtype),
+        angles.sin().to(dtype),
+        keys,
+        values,
+        rows[-new:].clone(),
+        rows,
+        visible,
+    ]
 
 
 def compiled_rows_attention(
@@ -293,7 +306,16 @@ def compiled_rows_attention(
     ``MAX_VERIFY_ROWS``), the cache and the context free: the runner and its library's path."""
     fn = functools.partial(rope_store_attend_rows, heads=heads, kv_heads=kv_heads)
     new, slots, context = Dim("new", min=2, max=MAX_VERIFY_ROWS), Dim("slots", min=2), Dim("context", min=2)
-    dynamic = [{0: new}, {0: new}, {0: new}, {0: slots}, {0: slots}, {0: new}, {0: context}]
+    dynamic = [
+        {0: new},
+        {0: new},
+        {0: new},
+        {0: slots},
+        {0: slots},
+        {0: new},
+        {0: context},
+        {0: new, 1: context},
+    ]
     inputs = rows_attention_inputs(heads, kv_heads, head_dim, dtype, cache_dtype, 3, 37)
     key = {"machine": machine_key({}), "heads": [heads, kv_heads, head_dim]}
     name = f"rope-store-attend-rows-{dtypes_name(dtype, cache_dtype)}"
@@ -440,6 +462,8 @@ class DecodeLayers(CompiledDecode):
         if context is None:
             return None
         context_tail = [context.row] if context.rows is None else [context.row, context.rows]
+        if context.visible is not None:
+            context_tail.append(context.visible)
         ops, eps, residual, shape = self.model.ops, self.eps, None, (hidden.shape[0], self.heads, -1)
         for parts, keys, values in zip(self.parts, context.keys, context.values, strict=True):
             input_norm, qkv_proj, o_proj, post_norm, gate_up_proj, down_proj = parts

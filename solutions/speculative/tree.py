@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..cache.paged_kv_cache import DecodeContext
 from ..kernels.batch_invariant import batch_invariant
 from ..kernels.paged_torch import first_of_run, kept_slots, write_slots
 
@@ -242,7 +243,7 @@ class TreeAttention:
         self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(
             self.slots
         )
-        self.trees = []
+        self.trees, self.visible = [], []
         for rows, context_slots, mask in trees:
             slots = torch.cat([context_slots.long(), slot_mapping[rows].long()])
             visible = torch.cat(
@@ -253,6 +254,7 @@ class TreeAttention:
                 first_of_run(slots) if slots.device.type == "cpu" else None
             )  # reading GPU values would sync
             self.trees.append((rows, slots, first, additive.to(slots.device)))
+            self.visible.append(visible.to(slots.device))
         # Batch-invariant mode: per tree, per node, the cache rows it sees (its context, then its path).
         self.node_slots = None
         if batch_invariant():
@@ -263,6 +265,19 @@ class TreeAttention:
                 ]
                 for (_, slots, _, _), (_, context, mask) in zip(self.trees, trees, strict=True)
             ]
+
+    def verify_context(self, max_rows: int) -> DecodeContext | None:
+        """A step that verifies one tree of 2 to ``max_rows`` nodes and nothing else, as a ``DecodeContext``
+        (``cache/paged_kv_cache.py``) for the layers that store and attend themselves
+        (``model/cpu_decode_layers.py``): ``row`` the nodes' cache rows, ``rows`` the context's then the
+        nodes', ``visible`` the tree mask beside the context. None on any other step, on the Triton path and
+        in batch-invariant mode."""
+        if not self.store_only or len(self.trees) != 1 or self.node_slots is not None or self.paged.triton:
+            return None
+        (_, slots, _, _), visible = self.trees[0], self.visible[0]
+        if not 2 <= len(self.slots) <= max_rows:
+            return None
+        return DecodeContext(*self.paged.flat_caches(), self.slots, slots, visible)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.store_only:
