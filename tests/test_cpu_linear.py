@@ -104,9 +104,16 @@ def fake_decisions(path: str) -> dict:
         "{ not json",
         "[]",
         json.dumps({"machine": "x", "decisions": {}}),
-        # a well-formed file from another machine (here: another torch version) is stale
+        # a well-formed file that holds decisions for another machine key only (here: another torch version)
         json.dumps(
-            {"machine": {**cpu_linear.machine_key(), "torch": "0.0.1"}, "decisions": fake_decisions("linear")}
+            {
+                "machines": [
+                    {
+                        "machine": {**cpu_linear.machine_key(), "torch": "0.0.1"},
+                        "decisions": fake_decisions("linear"),
+                    }
+                ]
+            }
         ),
     ],
     ids=["not-json", "not-an-object", "wrong-schema", "stale"],
@@ -126,14 +133,31 @@ def test_a_corrupt_or_stale_cache_is_ignored_and_rebuilt(cache, content, monkeyp
 
 def test_entries_naming_unknown_paths_are_dropped_and_remeasured(cache):
     bad = fake_decisions("magic")
-    cache.write_text(json.dumps({"machine": cpu_linear.machine_key(), "decisions": bad}))
+    cpu_linear.write_decisions(bad, cache)
     assert cpu_linear.read_decisions(cache) == {}
     good = fake_decisions("linear")
-    cache.write_text(json.dumps({"machine": cpu_linear.machine_key(), "decisions": good}))
+    cpu_linear.write_decisions(good, cache)
     assert cpu_linear.read_decisions(cache) == good  # a valid cache for this machine is used as it is
     model = tiny_model()
     cpu_linear.use_fastest_linears(model)
     assert all(m.choices == dict.fromkeys(REGIMES, "linear") for m in model)
+
+
+def test_decisions_for_another_thread_count_are_kept_beside_this_ones(cache, monkeypatch):
+    """The same CPU at one thread (the tests) and two (a notebook): each key's decisions stay in the file, so
+    switching between them measures nothing again; the oldest keys beyond ``MAX_MACHINES`` are dropped."""
+    one, two = ({**cpu_linear.machine_key(), "threads": n} for n in (1, 2))
+    cpu_linear.write_decisions(fake_decisions("linear"), cache, machine=one)
+    cpu_linear.write_decisions(fake_decisions("transposed"), cache, ["float32:24x32"], machine=two)
+    assert cpu_linear.read_decisions(cache, one) == fake_decisions("linear")
+    assert cpu_linear.read_decisions(cache, two) == fake_decisions("transposed")
+    assert cpu_linear.noisy_keys(cache, one) == set() and cpu_linear.noisy_keys(cache, two) == {
+        "float32:24x32"
+    }
+    for n in range(3, 3 + cpu_linear.MAX_MACHINES):
+        cpu_linear.write_decisions(fake_decisions("linear"), cache, machine={**one, "threads": n})
+    assert cpu_linear.read_decisions(cache, one) == {}, "the oldest key is dropped past MAX_MACHINES"
+    assert cpu_linear.read_decisions(cache, {**one, "threads": 3}) == fake_decisions("linear")
 
 
 def test_forced_path_skips_measuring(cache, monkeypatch):

@@ -23,8 +23,9 @@ was timed, and seconds of compilation per shape at every load) and MKL's packed 
 fixed batch size and two copies of the weight, slower than oneDNN where measured).
 
 The decision is cached per machine in ``cache_dir()/cpu_linear.json``, keyed by the CPU (model name
-and a hash of its feature flags), torch's version and thread count, and the candidate list; a cache
-that is missing, unreadable, malformed or made on another machine is ignored and measured again.
+and a hash of its feature flags), torch's version and thread count, and the candidate list (the file keeps
+the last few keys' decisions side by side); a cache that is missing, unreadable or malformed, or holds
+nothing for this key, is ignored and measured again.
 Decisions measured while the machine was busy (load average above the CPU count) are marked, and
 measured again by the first load that finds the machine quiet.
 ``$FASTMODE_CPU_LINEAR`` set to a path's name forces that path everywhere (tests, comparisons).
@@ -59,6 +60,7 @@ from . import cpu_rows
 from .batch_invariant import batch_invariant
 
 CACHE_VERSION = 2
+MAX_MACHINES = 8  # machine keys a cache file keeps decisions for, the most recently written first
 CACHE_FILE = "cpu_linear.json"
 FORCE_ENV = "FASTMODE_CPU_LINEAR"
 # rows per call each regime is timed at; a call of r rows takes the first regime of at least r rows
@@ -259,6 +261,23 @@ def _valid_entry(entry: object, paths: Iterable[str], regimes: dict[str, int] = 
     return True
 
 
+def _machine_entries(path: Path) -> list[dict]:
+    """The cache file's entries, ``{"machine", "decisions", "measured_busy"}`` one per machine key (most
+    recently written first); none where the file is missing, unreadable or malformed."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    entries = data.get("machines") if isinstance(data, dict) else None
+    return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+
+
+def _entry_for(path: Path, machine: dict[str, object] | None) -> dict:
+    """The cache file's entry for ``machine`` (default this file's ``machine_key``), or ``{}``."""
+    canonical = json.loads(json.dumps(machine or machine_key()))
+    return next((entry for entry in _machine_entries(path) if entry.get("machine") == canonical), {})
+
+
 def read_decisions(
     path: Path | None = None,
     machine: dict[str, object] | None = None,
@@ -266,16 +285,9 @@ def read_decisions(
     regimes: dict[str, int] = REGIMES,
 ) -> dict[str, dict]:
     """The cached decisions for this machine (``machine``: a ``machine_key``, default this file's),
-    or ``{}`` if the file is missing, unreadable, malformed or stale. An entry naming a path
+    or ``{}`` if the file is missing, unreadable, malformed or holds none for it. An entry naming a path
     outside ``paths`` is dropped."""
-    path = path or cache_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("machine") != json.loads(json.dumps(machine or machine_key())):
-        return {}
-    decisions = data.get("decisions")
+    decisions = _entry_for(path or cache_path(), machine).get("decisions")
     if not isinstance(decisions, dict):
         return {}
     return {key: entry for key, entry in decisions.items() if _valid_entry(entry, set(paths), regimes)}
@@ -289,12 +301,9 @@ def machine_busy() -> bool:
         return False
 
 
-def noisy_keys(path: Path | None = None) -> set[str]:
+def noisy_keys(path: Path | None = None, machine: dict[str, object] | None = None) -> set[str]:
     """Shape keys whose decision was measured while the machine was busy (to re-measure when it is quiet)."""
-    try:
-        noisy = json.loads((path or cache_path()).read_text()).get("measured_busy", [])
-    except (OSError, ValueError, AttributeError):
-        return set()
+    noisy = _entry_for(path or cache_path(), machine).get("measured_busy", [])
     return {key for key in noisy if isinstance(key, str)} if isinstance(noisy, list) else set()
 
 
@@ -304,15 +313,20 @@ def write_decisions(
     busy: Iterable[str] = (),
     machine: dict[str, object] | None = None,
 ) -> None:
-    """Write atomically (a crash never leaves half a file); an unwritable cache directory is not an error.
+    """Write ``machine``'s entry atomically (a crash never leaves half a file), keeping the other machine
+    keys' entries (the same CPU at another thread count, say: the tests run one thread, a notebook two), up
+    to ``MAX_MACHINES``; an unwritable cache directory is not an error.
 
     ``busy`` names the decisions measured on a busy machine: a later load on a quiet one measures them again.
     """
     path = path or cache_path()
+    machine = json.loads(json.dumps(machine or machine_key()))
+    others = [entry for entry in _machine_entries(path) if entry.get("machine") != machine]
+    entry = {"machine": machine, "decisions": decisions, "measured_busy": sorted(busy)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
-        content = {"machine": machine or machine_key(), "decisions": decisions, "measured_busy": sorted(busy)}
+        content = {"machines": [entry, *others][:MAX_MACHINES]}
         partial.write_text(json.dumps(content, indent=1))
         partial.replace(path)
     except OSError:
@@ -407,7 +421,7 @@ def cached_decisions(
     """
     path = path or cache_path()
     decisions = read_decisions(path, machine, paths, regimes) if use_cache else {}
-    busy = noisy_keys(path) & decisions.keys() if use_cache else set()
+    busy = noisy_keys(path, machine) & decisions.keys() if use_cache else set()
     busy_now = machine_busy()
     if not busy_now:  # decisions taken under load are noise: retake them now that the machine is quiet
         for key in busy:
