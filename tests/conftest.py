@@ -192,6 +192,16 @@ def pytest_runtest_teardown(item, nextitem):
     return result
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Before a fixture wider than one test is built, collect what the fixture it replaces left behind: a
+    parametrized module fixture's previous engine is finished just before its next parameter's is built,
+    and its reference cycles would hold it alive while the next one loads (two engines at once)."""
+    if fixturedef.scope != "function" and _LIBC is not None and _resident_bytes() > COLLECT_ABOVE_BYTES:
+        gc.collect()
+        _LIBC.malloc_trim(0)
+
+
 _MEMLOG = os.environ.get("FASTMODE_MEMLOG")
 
 

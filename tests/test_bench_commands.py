@@ -19,7 +19,7 @@ from solutions.__main__ import BENCHES
 TOY_RUNS = {
     "decode": ["--tokens", "4", "--repeats", "1", "--prefill-tokens", "16", "--no-hf", "--no-bf16"],
     "quant": ["--tokens", "4", "--repeats", "1", "--ppl-tokens", "64"],
-    "throughput": ["--num-requests", "2", "--max-num-seqs", "2", "--no-hf", "--split"],
+    "throughput": ["--num-requests", "2", "--max-num-seqs", "2", "--max-tokens", "8", "--no-hf", "--split"],
     "kv": ["--requests", "20", "--rounds", "1", "--prefix-len", "64"],
     "spec": ["--max-tokens", "4", "--prompts", "1", "--rounds", "1", "--dtypes", "awq"],  # 3 engines, not 9
     "tp": ["--batch", "1", "--prompt-tokens", "4", "--max-tokens", "4", "--repeats", "1"],

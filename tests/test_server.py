@@ -53,7 +53,8 @@ def server(impl_name, llm, load):
         kv_cache_memory=_kv_budget_bytes(llm.engine.model_config),
     )
     program = [sys.executable, str(Path(__file__).parent / "serve_with_injected_fault.py"), impl_name]
-    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # The weights as loaded (no second layout, nothing to measure): what is tested here is HTTP, not speed.
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "FASTMODE_CPU_LINEAR": "linear"}
     with load("serve.launcher").running_server(options, API_KEY, STARTUP_TIMEOUT_S, env, program) as url:
         yield url
 

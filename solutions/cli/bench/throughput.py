@@ -36,6 +36,7 @@ from ...bench.decode import load_hf_model
 from ...bench.step_split import SPLIT, STEP_KINDS, batched_split
 from ...bench.throughput import (
     Throughput,
+    Workload,
     compute_ceiling_tokens_per_s,
     make_workload,
     run_engine,
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--max-num-seqs", type=int, default=24)
     add("--hf-batch", type=int, default=8, help="Hugging Face static batch size")
     add("--seed", type=int, default=0)
+    add("--max-tokens", type=int, default=None, help="cap every request's output at this many tokens")
     add("--no-hf", action="store_true", help="skip the Hugging Face baseline")
     add("--split", action="store_true", help="then time every part of every step, by kind of step")
     add("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' type (default float32)")
@@ -75,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         workload = make_workload(None, args.num_requests, (100, 768), (32, 128), seed=args.seed)
     else:
         workload = make_workload(llm.tokenizer, args.num_requests, seed=args.seed)
+    if args.max_tokens is not None:
+        if args.max_tokens < 1:
+            parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        workload = Workload(workload.prompts, [min(n, args.max_tokens) for n in workload.output_lens])
     print(f"workload: {args.workload}, {args.num_requests} requests, {workload.num_prompt_tokens} prompt "
           f"tokens, {workload.num_output_tokens} output tokens (seed {args.seed})")  # fmt: skip
     ours = None if args.peer_only else compare_rows(llm, workload, args, engine_args)
