@@ -228,10 +228,11 @@ def test_triton_backend_gives_the_same_tokens(load, sp, llm):
     ]
 
 
-def test_a_bfloat16_cpu_engine_keeps_a_float32_kv_cache(load, sp, alone):
+def test_a_bfloat16_cpu_engine_keeps_a_float32_kv_cache(load, sp, alone, monkeypatch):
     """torch's fused CPU attention is several times slower in bfloat16: a bfloat16 model on a CPU stores and
     attends over float32 K/V (queries cast in, outputs cast back). A wrong cast or scale would derail greedy
     decoding at once; bfloat16 rounding only flips near-ties, later (measured: 10-12 tokens agree)."""
+    monkeypatch.setenv("FASTMODE_CPU_LINEAR", "linear")  # the products' paths are not what this test is about
     llm = load("llm").LLM(device="cpu", dtype="bfloat16", max_num_seqs=4, max_model_len=256)
     assert llm.engine.model.norm.weight.dtype == torch.bfloat16
     assert llm.engine.runner.cache.k.dtype == torch.float32

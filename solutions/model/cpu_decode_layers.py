@@ -28,9 +28,10 @@ whole layer is one compiled call (``quant/cpu_int4_layer.py``).
 A verify pass (a chain's or a tree's root and drafts: one sequence's 2 to ``MAX_VERIFY_ROWS`` new tokens, or
 a short prompt chunk) runs the same loop over its rows, its attention ``rope_store_attend_rows``: each new
 token over the context gathered and the mask the step gives (``verify_context`` of ``PagedAttention``: token
-``i`` sees its predecessors; of ``TreeAttention``: a node sees the context and its own path), compiled with the rows free where it agrees with its eager form and measures faster, else run eagerly. Without
-this a verify pass ran the modules, and paid about a third of a plain step for it on top of its extra rows
-(``bench decode --rows``: the step from one row to two).
+``i`` sees its predecessors; of ``TreeAttention``: a node sees the context and its own path), compiled with
+the rows free where it agrees with its eager form and measures faster, else run eagerly. Without this a
+verify pass ran the modules, and paid about a third of a plain step for it on top of its extra rows (``bench
+decode --rows``: the step from one row to two).
 
 When it runs (``__call__`` returns None otherwise, and the model runs its modules): a step of one token, a
 lone decode on the torch path (``decode_context``), or of one sequence's few new tokens (``verify_context``);
