@@ -212,3 +212,22 @@ def test_a_loaded_head_drafts_through_the_fastest_cpu_product(load, llm):
     torch.testing.assert_close(head.draft_logits(hidden), hidden @ head.vocab_rows.T, rtol=1e-4, atol=1e-4)
     head.use_vocab(1024)  # another vocabulary: the projection follows it
     assert head.draft_logits(hidden).shape == (4, 1024)
+
+
+def test_logprobs_with_tree_drafts_equal_plain_decodings(load, chats):
+    """A tree's accepted path is not a run of consecutive rows: each token's entry must come from the row of
+    the node before it (the root's, then each accepted node's). Greedy EAGLE trees give plain decoding's
+    tokens, and each token's log-probability, rank and top 3 as plain decoding gives them (1e-4)."""
+    params = load("sampling_params").SamplingParams(temperature=0, max_tokens=24, logprobs=3)
+    plain = load("llm").LLM(**ENGINE).generate(chats[:2], params)
+    tree = load("llm").LLM(**ENGINE, **METHODS["eagle-tree"]).generate(chats[:2], params)
+    for want, got in zip(plain, tree, strict=True):
+        assert got.metrics.mean_acceptance_length > 1, "no draft was accepted: the test proves less"
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert len(got.outputs[0].logprobs) == len(want.outputs[0].token_ids)
+        for i, (expected, entry) in enumerate(zip(want.outputs[0].logprobs, got.outputs[0].logprobs)):
+            assert entry.keys() == expected.keys(), f"token {i}: the top 3 differ from plain decoding's"
+            for token, lp in entry.items():
+                assert abs(lp.logprob - expected[token].logprob) < 1e-4 and lp.rank == expected[token].rank, (
+                    f"token {i}: {token}'s entry {lp} against plain decoding's {expected[token]}"
+                )

@@ -143,7 +143,7 @@ class Engine:
         if prompt_logprobs:  # engine/logprobs.py: only when a request asks (no read otherwise)
             logprobs.record_prompt(plan, step.model, self.model, self.tokenizer)
         if logprobs.wants_logprobs(plan):
-            logprobs.record_sampled(step.model, step.verified, step.tokens, self.tokenizer)
+            logprobs.record_sampled(step.model, step.verified, step.tokens, self.tokenizer, spec.token_rows)
         return self._outputs(advanced)
 
     def _start_metrics(self, plan: SchedulerOutput) -> None:
@@ -240,7 +240,6 @@ class Engine:
         for prompt, sampling, request_id in zip(prompts, params, ids, strict=True):
             if request_id is not None and request_id in self.groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            logprobs.check_supported(sampling, self.config)
             groups.append(
                 RequestGroup.create(
                     prompt,

@@ -12,8 +12,9 @@ kernel); otherwise one log-softmax, one top-k and one device-to-host read per ki
 
 Where each entry comes from in a step's ``ModelOutput``:
 - a drawn token: its request's last logits row (an unforked n > 1 completion: its first completion's row);
-- a verified run of speculative drafts (a chain): the target's row before each accepted token, so
-  ``span.start + i`` for the run's token ``i``; drafts never contribute;
+- a verified run of speculative drafts: the target's row before each accepted token, so ``span.start + i``
+  for a chain's token ``i``; for a tree, the root's row then each accepted node's (``Speculator.token_rows``:
+  a path's rows need not be consecutive); drafts never contribute;
 - prompt token ``t`` (``t >= 1``): the hidden state of position ``t - 1`` through the LM head. A prefill
   chunk covering positions ``[s, e)`` gives tokens ``s + 1 .. min(e, P - 1)``; entries already recorded
   (a preempted request recomputing its prompt) are not recorded twice.
@@ -40,16 +41,6 @@ class Logprob:
 
 
 TokenLogprobs = dict[int, Logprob]
-
-
-def check_supported(params, config) -> None:
-    """Raise ValueError when ``params`` asks for logprobs the engine cannot give: EAGLE tree verification
-    (an accepted path's rows are not consecutive; chains and n-gram drafts are)."""
-    if getattr(params, "logprobs", None) is not None and config.speculative and config.speculative_tree_nodes:
-        raise ValueError(
-            "logprobs are not supported with EAGLE tree drafts (speculative_tree_nodes > 0): "
-            "use chain drafts (speculative_tree_nodes=0) or no speculation"
-        )
 
 
 def wants_logprobs(plan) -> bool:
@@ -94,9 +85,16 @@ def token_logprobs(
     return entries
 
 
-def record_sampled(out, verified: dict[str, list[int]], new_tokens, tokenizer=None) -> None:
+def record_sampled(
+    out,
+    verified: dict[str, list[int]],
+    new_tokens,
+    tokenizer=None,
+    tree_rows: dict[str, list[int]] | None = None,
+) -> None:
     """Append each new token's entry to ``request.logprobs`` for the requests that ask, after the update
-    path appended the tokens; entries past a stop (tokens ``append_tokens`` dropped) are cut off."""
+    path appended the tokens; entries past a stop (tokens ``append_tokens`` dropped) are cut off.
+    ``tree_rows``: for a request that verified a tree, the offset in its span of each token's row."""
     asking, rows, chosen = [], [], []
     for request, tokens in new_tokens:
         if request.params.logprobs is None:
@@ -105,7 +103,8 @@ def record_sampled(out, verified: dict[str, list[int]], new_tokens, tokenizer=No
         span = spans.get(request.request_id) or spans[request.group.requests[0].request_id]
         kept = len(request.output_token_ids) - len(request.logprobs)
         if request.request_id in verified:
-            picked = [span.start + i for i in range(len(tokens))]
+            offsets = (tree_rows or {}).get(request.request_id, range(len(tokens)))
+            picked = [span.start + i for i in offsets]
         else:
             picked = [span.stop - 1]
         picked = picked[:kept]

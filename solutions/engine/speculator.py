@@ -57,6 +57,9 @@ class Speculator:
         self.tree_nodes = config.speculative_tree_nodes
         self.disable_above = config.speculative_disable_by_batch_size
         self.trees: dict[str, DraftTree] = {}
+        # per request whose tree the last verify walked: the logits row (offset in its span) each of its
+        # returned tokens was chosen from, the root's then each accepted node's (a chain's are 0, 1, 2, ...)
+        self.token_rows: dict[str, list[int]] = {}
         self.draft_probs: dict[str, torch.Tensor | None] = {}
         self.known: set[str] = set()
         self.num_verify_passes = 0
@@ -125,6 +128,7 @@ class Speculator:
         step has advanced by the planned tokens, drafts included); feed the drafter every scheduled
         request's features. Returns the tokens to append, by request id."""
         hidden_start, chains, tokens = 0, [], {}
+        self.token_rows = {}
         for request in plan.scheduled:
             request_id = request.request_id
             num_new = plan.num_scheduled_tokens[request_id]
@@ -221,6 +225,7 @@ class Speculator:
                 flat = layers.view(layers.shape[0], -1, *layers.shape[3:])
                 flat[:, dst] = flat[:, src]
         self._commit(request, before, len(path))
+        self.token_rows[request.request_id] = [0, *path]
         self._observe(
             request.request_id, out, [hidden_rows[0]] + [hidden_rows[node] for node in path], before
         )
@@ -252,6 +257,7 @@ class NoSpeculation:
     """The speculator of an engine that does not speculate: drafts nothing, so verifies nothing."""
 
     needs_hidden = False
+    token_rows: dict[str, list[int]] = {}  # never written: no tree is ever walked
 
     def propose(self, running: list[Request]) -> None:
         pass
