@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..cache.paged_kv_cache import DecodeContext
 from ..kernels.batch_invariant import batch_invariant
-from ..kernels.paged_torch import first_of_run, kept_slots, write_slots
+from ..kernels.paged_torch import DecodeContext, first_of_run, kept_slots, write_slots
 
 
 @dataclass

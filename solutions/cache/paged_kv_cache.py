@@ -25,7 +25,7 @@ import torch
 from ..kernels.attention_backend import resolve_backend
 from ..kernels.blocks import cache_slots
 from ..kernels.paged_attention import paged_attention
-from ..kernels.paged_torch import TorchPagedStep, check_slots_fit, kept_slots, write_slots
+from ..kernels.paged_torch import DecodeContext, TorchPagedStep, check_slots_fit, kept_slots, write_slots
 from ..kernels.store_kv import store_kv
 
 
@@ -90,25 +90,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] int32
     max_query_len: int
     max_seq_len: int
-
-
-@dataclass(frozen=True)
-class DecodeContext:
-    """One decoding sequence's context, for a caller that stores this step's K/V and attends itself.
-
-    ``rows`` None: ``keys``, ``values`` ``[num_layers, L, Hkv, D]`` are views of rows ``start : start + L`` of
-    every layer's cache (in block-id order, every one of them context, read in place), and the token goes to
-    row ``row`` (``[1]`` int64) of them. Otherwise ``keys``, ``values`` are every layer's whole cache
-    ``[num_layers, num_slots, Hkv, D]``, the token goes to cache row ``row``, and ``rows`` (``[L]`` int64) are
-    the context's cache rows in token order, the token's own last. A step of several new tokens (a verify
-    pass) comes in the gathered form with ``row`` ``[R]`` and ``visible`` (``[R, L]`` bool): which of the
-    context's rows each new token attends to (its predecessors for a chain, its path for a tree)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    row: torch.Tensor
-    rows: torch.Tensor | None = None
-    visible: torch.Tensor | None = None
 
 
 class PagedAttention:

@@ -17,6 +17,25 @@ DECODE_BUCKETS = 4  # a step's decodes are attended in at most this many groups 
 MIN_BUCKET = 4
 
 
+@dataclass(frozen=True)
+class DecodeContext:
+    """One decoding sequence's context, for a caller that stores this step's K/V and attends itself.
+
+    ``rows`` None: ``keys``, ``values`` ``[num_layers, L, Hkv, D]`` are views of rows ``start : start + L`` of
+    every layer's cache (in block-id order, every one of them context, read in place), and the token goes to
+    row ``row`` (``[1]`` int64) of them. Otherwise ``keys``, ``values`` are every layer's whole cache
+    ``[num_layers, num_slots, Hkv, D]``, the token goes to cache row ``row``, and ``rows`` (``[L]`` int64) are
+    the context's cache rows in token order, the token's own last. A step of several new tokens (a verify
+    pass) comes in the gathered form with ``row`` ``[R]`` and ``visible`` (``[R, L]`` bool): which of the
+    context's rows each new token attends to (its predecessors for a chain, its path for a tree)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    row: torch.Tensor
+    rows: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
+
+
 def check_store_kv_inputs(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
