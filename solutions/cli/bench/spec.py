@@ -17,6 +17,7 @@ head's chain and tree over draft vocabularies of several sizes (its most frequen
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -286,6 +287,8 @@ def batch_crossover(args, texts: list[str], batches: list[int]) -> int:
         )
         plain.shutdown()
         eagle.shutdown()
+        del plain, eagle, llm
+        gc.collect()  # engines hold reference cycles: free this batch's two before the next batch's load
     if pays:
         print(
             f"speculation paid (every round faster) up to batch {pays}: "
