@@ -206,7 +206,7 @@ class TreeAttention:
     step's flat batch, ``context_slots`` the cache rows of positions before the root, ``mask`` its
     ``tree_attention_mask``. ``k_cache``, ``v_cache``: ``[layers, blocks, block, Hkv, D]``.
 
-    Per step, each tree's cache rows (context, then its nodes) and its additive mask are made once; per layer,
+    Per step, each tree's cache rows (context, then its nodes) and its mask (bool) are made once; per layer,
     its keys are a view of the cache when those rows are consecutive (a lone sequence in a fresh cache), else
     one ``index_select``, and torch's fused attention applies the mask. With ``$FASTMODE_BATCH_INVARIANT=1``
     each node attends alone instead, over its context and its own path in token order with no mask, as the
@@ -228,28 +228,19 @@ class TreeAttention:
         self.store_only = with_slot is None and sum(rows.stop - rows.start for rows, _, _ in trees) == len(
             self.slots
         )
-        self.trees, self.visible = [], []
+        self.trees = []
         for rows, context_slots, mask in trees:
             slots = torch.cat([context_slots.long(), slot_mapping[rows].long()])
-            visible = torch.cat(
-                [torch.ones(mask.shape[0], len(context_slots), dtype=torch.bool), mask], dim=1
-            )
-            additive = torch.zeros(visible.shape, dtype=k_cache.dtype).masked_fill_(~visible, float("-inf"))
+            # node i sees the whole context, then its own path: [nodes, context + nodes]
+            visible = torch.cat([torch.ones(len(mask), len(context_slots), dtype=torch.bool), mask], dim=1)
             first = (
                 first_of_run(slots) if slots.device.type == "cpu" else None
             )  # reading GPU values would sync
-            self.trees.append((rows, slots, first, additive.to(slots.device)))
-            self.visible.append(visible.to(slots.device))
+            self.trees.append((rows, slots, first, visible.to(slots.device)))
         # Batch-invariant mode: per tree, per node, the cache rows it sees (its context, then its path).
         self.node_slots = None
         if batch_invariant():
-            self.node_slots = [
-                [
-                    slots[seen]
-                    for seen in torch.cat([torch.ones(len(mask), len(context), dtype=torch.bool), mask], 1)
-                ]
-                for (_, slots, _, _), (_, context, mask) in zip(self.trees, trees, strict=True)
-            ]
+            self.node_slots = [[slots[seen] for seen in visible] for _, slots, _, visible in self.trees]
 
     def verify_context(self, max_rows: int) -> DecodeContext | None:
         """A step that verifies one tree of 2 to ``max_rows`` nodes and nothing else, as a ``DecodeContext``
@@ -259,7 +250,7 @@ class TreeAttention:
         in batch-invariant mode."""
         if not self.store_only or len(self.trees) != 1 or self.node_slots is not None or self.paged.triton:
             return None
-        (_, slots, _, _), visible = self.trees[0], self.visible[0]
+        _, slots, _, visible = self.trees[0]
         if not 2 <= len(self.slots) <= max_rows:
             return None
         return DecodeContext(*self.paged.flat_caches(), self.slots, slots, visible)

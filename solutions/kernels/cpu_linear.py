@@ -272,9 +272,14 @@ def _machine_entries(path: Path) -> list[dict]:
     return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
 
+def _canonical(machine: dict[str, object] | None) -> dict[str, object]:
+    """``machine`` (default this file's ``machine_key``) as the cache file holds it (JSON types)."""
+    return json.loads(json.dumps(machine or machine_key()))
+
+
 def _entry_for(path: Path, machine: dict[str, object] | None) -> dict:
     """The cache file's entry for ``machine`` (default this file's ``machine_key``), or ``{}``."""
-    canonical = json.loads(json.dumps(machine or machine_key()))
+    canonical = _canonical(machine)
     return next((entry for entry in _machine_entries(path) if entry.get("machine") == canonical), {})
 
 
@@ -320,7 +325,7 @@ def write_decisions(
     ``busy`` names the decisions measured on a busy machine: a later load on a quiet one measures them again.
     """
     path = path or cache_path()
-    machine = json.loads(json.dumps(machine or machine_key()))
+    machine = _canonical(machine)
     others = [entry for entry in _machine_entries(path) if entry.get("machine") != machine]
     entry = {"machine": machine, "decisions": decisions, "measured_busy": sorted(busy)}
     try:
