@@ -44,6 +44,10 @@ class EngineConfig:
     ``tensor_parallel_size`` N > 1 splits the model by heads across N processes (Lesson 9: gloo on CPU, NCCL
     on cuda:0 .. cuda:N-1); every rank holds ``kv_cache_memory`` of its own KV heads. CUDA graphs stay off
     under it, and speculative decoding and MoE models are not supported with it.
+    ``async_scheduling`` (overlap scheduling; default: on CUDA, off on a CPU, where the device is the host and
+    nothing would overlap) plans and launches step N+1 before the host reads step N's tokens: the host's
+    view runs one step behind (``engine.py``). A step that speculates, wants log-probabilities or runs
+    under tensor parallelism is read back before the next one is planned.
     """
 
     model: str | None = None
@@ -71,6 +75,7 @@ class EngineConfig:
     medusa_heads: str | None = None
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         self._resolve_device()
@@ -78,6 +83,8 @@ class EngineConfig:
         self._check_methods()
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel()
+        if self.async_scheduling is None:
+            self.async_scheduling = self.device.startswith("cuda") and self.tensor_parallel_size == 1
 
     def _resolve_device(self) -> None:
         """``device`` and ``dtype`` from "auto" to what this machine has."""

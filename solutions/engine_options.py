@@ -27,6 +27,9 @@ ENGINE_OPTION_HELP = {
         "draft nothing in a step with more running requests than this (0: never)"
     ),
     "enforce_eager": "run every step eagerly (no CUDA graphs)",
+    "async_scheduling": (
+        "plan and launch each step before reading the previous one's tokens (default: on CUDA, off on CPU)"
+    ),
     "tensor_parallel_size": (
         "processes the model is split across by heads, one per GPU (Lesson 9; default: 1)"
     ),

@@ -103,13 +103,17 @@ def test_sweep_covers_powers_of_two_up_to_max_num_seqs(tiny_run):
 
 
 def test_throughput_counts_the_same_workload_for_both(tiny_run):
+    """The stand-in engine overlaps its scheduling as a CUDA one does, so the section also times it with
+    overlap scheduling off, on the same number of tokens."""
     throughput = tiny_run[1]["shapes"]["tiny"]["throughput"]
     workload = throughput["workload"]
-    ours, hf = throughput["rows"]
-    assert workload["requests"] == ours["requests"] == hf["requests"] == 16  # every HF batch fits on a CPU
-    assert ours["output_tokens"] == hf["output_tokens"] == workload["output_tokens"]
+    ours, off, hf = throughput["rows"]
+    assert [r["engine"] for r in (ours, off, hf)] == ["graphs", "graphs-sync", "hf"]
+    assert workload["requests"] == ours["requests"] == off["requests"] == hf["requests"] == 16
+    assert ours["output_tokens"] == off["output_tokens"] == hf["output_tokens"] == workload["output_tokens"]
     assert ours["output_tok_s"] == pytest.approx(ours["output_tokens"] / ours["wall_s"])
     assert throughput["ratio_vs_hf"] == pytest.approx(ours["output_tok_s"] / hf["output_tok_s"])
+    assert throughput["overlap_ratio"] == pytest.approx(ours["output_tok_s"] / off["output_tok_s"])
     assert throughput["keys_tuned_in_timed_run"] == 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -85,6 +87,31 @@ def test_bench_host_times_every_batch_kind_and_mark(capsys):
     recorded = host.StoredLogits()
     first = recorded.capture(lambda: (torch.ones(2, 3), torch.ones(2, 4)))
     assert recorded.replay() is first, "a replay returns the captured logits and states, computing nothing"
+
+
+def test_bench_host_simulates_a_device_that_overlapped_scheduling_hides_host_work_behind(capsys):
+    """``--device-us``: a device that runs queued steps one after another and an event that waits for the work
+    queued before it; a row per batch with both schedules' step times and what each leaves exposed."""
+    from solutions.cli.bench import host
+
+    stream = host.SimulatedStream()
+    start = time.perf_counter()
+    stream.run(0.004)
+    stream.run(0.004)  # queued behind the first
+    event = stream.event()
+    event.record()
+    assert event.at >= start + 0.008
+    event.synchronize()
+    assert time.perf_counter() >= event.at
+    assert host.main(["--batches", "1", "2", "--marks", "2", "--steps", "2", "--device-us", "300"]) == 0
+    table = capsys.readouterr().out.split("Overlap scheduling")[1].splitlines()
+    rows = [line.split() for line in table if line.split()[:1] in (["1"], ["2"])]
+    assert [row[0] for row in rows] == ["1", "2"] and all(len(row) == 5 for row in rows), rows
+    assert all(float(sync) >= 300 and float(overlap) > 0 for _, sync, overlap, *_ in rows), (
+        "a synchronous step waits for its device work"
+    )
+    with pytest.raises(SystemExit):
+        host.main(["--device-us", "0"])
 
 
 def test_baseline_moe_reads_every_shape_of_the_gpu_table():

@@ -39,9 +39,9 @@ def test_every_step_that_runs_the_model_reads_its_results_back(load, tiny_llm):
         events.append("execute")
         return execute(plan, **kwargs)
 
-    def counted_read(token_ids):
+    def counted_read(token_ids, copy=None):
         events.append("read")
-        return read_tokens(token_ids)
+        return read_tokens(token_ids, copy)
 
     runner.execute, runner.read_tokens = counted_execute, counted_read
     params = load("sampling_params").SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

@@ -511,6 +511,7 @@ def test_teacher_forced_acceptance_counts_the_matching_path(load, tree_nodes):
         (["--data-fraction", "0"], "--data-fraction must be in"),
         (["--data-fraction", "1.5"], "--data-fraction must be in"),
         (["--vocab-size", "9000"], "--vocab-size must not exceed --keep-vocab"),
+        (["--add-samples", "2"], "--add-samples needs --reuse-responses"),
     ],
 )
 def test_train_eagle_rejects_bad_options_by_name(argv, message, capsys):

@@ -80,9 +80,10 @@ class Scheduler:
         return out
 
     def _tokens_needed(self, request: Request) -> int:
-        """Uncomputed tokens plus drafts to verify, within the context limit."""
+        """Uncomputed tokens (a token drawn but not read yet, ``num_pending``, counts as known) plus drafts to
+        verify, within the context limit."""
         drafts = min(len(request.spec_token_ids), self.max_model_len - request.num_tokens)
-        return request.num_tokens - request.num_computed + drafts
+        return request.num_tokens + request.num_pending - request.num_computed + drafts
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: free every block and go back to the front of the queue."""
@@ -95,7 +96,9 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def add_running(self, request: Request, after: Request) -> None:
-        """Place a request forked from ``after`` (parallel sampling) right behind it in the running list."""
+        """Place a request forked from ``after`` (parallel sampling) right behind it in the running list; it
+        shares the prompt's computed blocks (``KVCacheManager.fork``), and its first token is its own draw."""
+        request.num_computed = len(request.prompt_token_ids)
         request.status = Status.RUNNING
         self.running.insert(self.running.index(after) + 1, request)
 

@@ -335,6 +335,8 @@ def _throughput(s: dict) -> list[str]:
     lines = [caption, "", *table]
     if s.get("ratio_vs_hf"):
         lines += ["", f"This engine / HF static batches: {s['ratio_vs_hf']:.2f}x output tok/s."]
+    if s.get("overlap_ratio"):
+        lines += [f"Overlap scheduling on / off: {s['overlap_ratio']:.2f}x output tok/s (one run each)."]
     return lines
 
 

@@ -227,7 +227,8 @@ class KVCacheManager:
         return True
 
     def cache_full_blocks(self, request: CacheRequest) -> None:
-        """Register each block fully covered by ``request.num_computed`` tokens under its chained key.
+        """Register each block fully covered by ``request.num_computed`` tokens whose ids the request holds
+        (overlap scheduling computes a token before the host reads its id) under its chained key.
 
         Idempotent. A block whose key is already cached (another request computed the same prefix
         at the same time) stays uncached and returns to the free list when freed.
@@ -235,7 +236,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         table, keys = self._table(request.request_id), self._keys[request.request_id]
-        num_full = min(request.num_computed // self.block_size, len(table))
+        num_full = min(min(request.num_computed, request.num_tokens) // self.block_size, len(table))
         if len(keys) >= num_full:
             return
         parent = keys[-1] if keys else ROOT_HASH

@@ -31,18 +31,29 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def generate_responses(
-    llm: LLM, prompts: list[dict], max_tokens: int, samples: int = 0, temperature: float = 0.8, seed: int = 0
+    llm: LLM,
+    prompts: list[dict],
+    max_tokens: int,
+    samples: int = 0,
+    temperature: float = 0.8,
+    seed: int = 0,
+    greedy: bool = True,
+    first_sample: int = 0,
 ) -> list[dict]:
-    """The target's greedy answer to every prompt, then ``samples`` sampled ones each (prompt ``i``'s seeded
-    ``seed + 1000 * i``); each row gains ``token_ids`` (prompt + answer),
-    ``prompt_len`` and ``temperature``."""
+    """The target's greedy answer to every prompt (unless not ``greedy``), then ``samples`` sampled ones each:
+    prompt ``i``'s completions ``first_sample ..`` seeded ``seed + 1000 * i + first_sample ..`` (so a later
+    run that adds samples continues the seeds an earlier one used); each row gains ``token_ids``
+    (prompt + answer), ``prompt_len`` and ``temperature``."""
     texts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}]) for r in prompts]
-    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
-    runs = [(0, llm.generate(texts, greedy))]
+    runs = [(0, llm.generate(texts, SamplingParams(temperature=0, max_tokens=max_tokens)))] if greedy else []
     if samples:
         sampled = [
             SamplingParams(
-                n=samples, temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=seed + 1000 * i
+                n=samples,
+                temperature=temperature,
+                top_p=0.95,
+                max_tokens=max_tokens,
+                seed=seed + 1000 * i + first_sample,
             )
             for i in range(len(texts))
         ]
@@ -114,6 +125,29 @@ def warmup_cosine(params: list, lr: float, steps: int, warmup: int):
     return optimizer, schedule
 
 
+def _more_samples(llm: LLM, rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """``args.add_samples`` more sampled answers to each prompt ``rows`` answered, in the order the prompts
+    first appear; every prompt must hold the same number of sampled answers, whose seeds the new ones
+    continue."""
+    prompts = list({r["prompt"]: {"kind": r["kind"], "prompt": r["prompt"]} for r in rows}.values())
+    held = {p["prompt"]: 0 for p in prompts}
+    for r in rows:
+        held[r["prompt"]] += r["temperature"] > 0
+    if len(set(held.values())) != 1:
+        raise SystemExit(f"--add-samples: the prompts hold different numbers of sampled answers: {held}")
+    print(f"answering {len(prompts)} prompts {args.add_samples} more times ({args.max_tokens} tokens max)")
+    return generate_responses(
+        llm,
+        prompts,
+        args.max_tokens,
+        args.add_samples,
+        args.temperature,
+        args.seed,
+        greedy=False,
+        first_sample=next(iter(held.values())),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m solutions train-eagle", description=__doc__.split("\n")[0]
@@ -156,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train on data/spec/responses.jsonl as is (and score on heldout_responses.jsonl, when present)",
     )
+    parser.add_argument(
+        "--add-samples",
+        type=int,
+        default=0,
+        help="with --reuse-responses: answer every prompt this many more times at --temperature (seeds "
+        "continuing the ones responses.jsonl holds) and add them to it before training",
+    )
     args = parser.parse_args(argv)
     if args.vocab_size > args.keep_vocab:
         parser.error("--vocab-size must not exceed --keep-vocab")
@@ -165,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--samples must be >= 0 (sampled answers per prompt besides the greedy one), got {args.samples}"
         )
+    if args.add_samples < 0 or (args.add_samples and not args.reuse_responses):
+        parser.error(f"--add-samples needs --reuse-responses and a count >= 0, got {args.add_samples}")
     torch.manual_seed(args.seed)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -177,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     heldout_path = args.out.parent / "heldout_responses.jsonl"
     if args.reuse_responses:
         train_rows = [json.loads(line) for line in responses_path.read_text().splitlines()]
+        if args.add_samples:
+            train_rows += _more_samples(llm, train_rows, args)
+            responses_path.write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     else:
         prompts = [row for path in args.prompts for row in read_prompts(path)]
         print(
@@ -244,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_vocab_size": str(min(args.vocab_size, len(ranked))),
     }
     digest = save_head(head, args.out, metadata)
+    per_prompt = round(sum(r["temperature"] > 0 for r in train_rows) / len({r["prompt"] for r in train_rows}))
     manifest = {
         **metadata,
         "file": args.out.name,
@@ -252,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len({r['prompt'] for r in train_rows})} prompts of {', '.join(p.name for p in args.prompts)} "
             "(chat, code, prose; written for this repo) answered by the bundled SmolLM2-135M-Instruct "
             f"(float32, our engine, <= {args.max_tokens} tokens), "
-            f"greedily and {args.samples}x at temperature {args.temperature}: {len(train_rows)} answers, "
+            f"greedily and {per_prompt}x at temperature {args.temperature}: {len(train_rows)} answers, "
             f"{sum(len(r['token_ids']) for r in train_rows)} tokens in all, kept in responses.jsonl"
         ),
         "settings": {

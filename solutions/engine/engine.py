@@ -4,13 +4,23 @@ appends, and returns what advanced.
     step():  spec.propose(running)                 drafts, when speculating (speculator.py; else nothing)
              plan = scheduler.schedule()           which requests run how many tokens (no tensors), and the
                                                    block tables that changed
-             step = runner.run_step(plan, verify)  the runner's step: one flat forward pass over every
+             runner.launch(plan, verify)           the runner's step: one flat forward pass over every
                                                    scheduled token; the verify's accepted runs of drafts
                                                    (Lesson 4); one batched draw on the device for the other
-                                                   rows, read back with the step's one device-to-host copy
-             _update(plan, step.tokens)            fork n > 1 completions, append any number of tokens,
+                                                   rows, its copy to the host queued
+             runner.collect(step)                  the step's one device-to-host read: the drawn ids
+             _update(plan, tokens)                 fork n > 1 completions, append any number of tokens,
                                                    stop rules, free blocks
              _outputs(advanced)                    metrics, and snapshots of the requests that advanced
+
+Overlap scheduling (``async_scheduling``; vLLM's async scheduling, mini-sglang's overlap loop): step N+1 is
+planned and launched before step N is collected, so the host's work (reading, stop rules, detokenizing,
+planning) runs while the device computes the next step. The host's view runs one step behind: a request
+whose token is still on the device counts it in ``num_pending``, the scheduler plans as if it were known,
+and the next step's input id is gathered from the device's draws (``ModelRunner._feed_pending``). A request
+that ended in step N (a stop token, a stop string, its length, an abort) was already launched in step N+1:
+that token is dropped, never emitted. Steps that speculate or want log-probabilities are collected before
+the next one is planned.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from . import logprobs
 from .kv_sizing import allocate_kv_cache
 from .outputs import OUTPUT_KINDS, OutputKind, RequestOutput
 from .request import Request, RequestGroup, Status
-from .runner import ModelRunner
+from .runner import LaunchedStep, ModelRunner
 from .sampling_batch import SamplingBatch
 from .scheduler import Scheduler, SchedulerOutput
 from .speculator import NO_SPECULATION, Speculator
@@ -119,32 +129,55 @@ class Engine:
         )
         self.groups: dict[str, RequestGroup] = {}  # unfinished requests by id
         self._ids = itertools.count()
+        # Overlap scheduling: the launched step the host has not read yet (None when every step is read).
+        self.overlap = bool(config.async_scheduling) and self.workers is None
+        self.in_flight: LaunchedStep | None = None
 
     # -- one iteration -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output of every streamed request that advanced in it (its deltas and
-        text so far), and of every request that finished in it. Invariant: a step that ran the model reads
-        the device back before it returns (its sampled ids, even none, or the verify's verdicts), so no copy
-        it sent from a staging buffer is still in flight when the next step writes its inputs."""
+        text so far), and of every request that finished in it. With overlap scheduling the step planned and
+        launched here is read in the next call, after that call has launched its own: the outputs are the
+        previous step's. Invariant: every launched step is read back before the step after the next one is
+        planned, so a staging buffer's host side is never rewritten while a copy from it may be in flight."""
         spec = self.speculator or NO_SPECULATION
         spec.propose(self.scheduler.running)  # drafts: the scheduler then plans 1 + k tokens for a request
         plan = self.scheduler.schedule()
-        if not plan.scheduled:
-            return []
+        launched = self._launch(plan, spec) if plan.scheduled else None
+        outputs = self._finish(self.in_flight, spec) if self.in_flight else []
+        self.in_flight = launched
+        if launched is not None and not (self.overlap and self._may_overlap(plan, spec)):
+            outputs += self._finish(launched, spec)
+            self.in_flight = None
+        elif self.in_flight is not None and not self.groups:  # every request ended: nothing to launch after
+            self._finish(self.in_flight, spec)
+            self.in_flight = None
+        return outputs
+
+    def _launch(self, plan: SchedulerOutput, spec) -> LaunchedStep:
+        """The runner's step up to its read: forward, the verify (accepted runs; rejected drafts' K/V rolled
+        back), the draw on the device and its copy to the host, queued."""
         self._start_metrics(plan)
-        prompt_logprobs = logprobs.wants_prompt_logprobs(plan)
-        # The runner's whole step: forward, the verify (accepted runs; rejected drafts' K/V rolled back), the
-        # draw, and the step's one read (or the verify's).
-        step = self.runner.run_step(
-            plan, spec.verify, return_hidden=spec.needs_hidden or prompt_logprobs, trees=spec.tree_parents()
-        )
+        hidden = spec.needs_hidden or logprobs.wants_prompt_logprobs(plan)
+        return self.runner.launch(plan, spec.verify, return_hidden=hidden, trees=spec.tree_parents())
+
+    def _finish(self, launched: LaunchedStep, spec) -> list[RequestOutput]:
+        """Read a launched step's tokens, update its requests, and report them."""
+        step = self.runner.collect(launched)
+        plan = launched.plan
         advanced = self._update(plan, step.tokens)
-        if prompt_logprobs:  # engine/logprobs.py: only when a request asks (no read otherwise)
+        if logprobs.wants_prompt_logprobs(plan, advanced=True):  # engine/logprobs.py: only when asked
             logprobs.record_prompt(plan, step.model, self.model, self.tokenizer)
         if logprobs.wants_logprobs(plan):
             logprobs.record_sampled(step.model, step.verified, step.tokens, self.tokenizer, spec.token_rows)
         return self._outputs(advanced)
+
+    def _may_overlap(self, plan: SchedulerOutput, spec) -> bool:
+        """Whether the next step may be launched before this one is read: not when speculating (the next
+        drafts need this step's verdicts), nor when a request wants log-probabilities (they read this step's
+        logits, which a replayed graph's next step overwrites)."""
+        return spec is NO_SPECULATION and not logprobs.asks_for_logprobs(plan)
 
     def _start_metrics(self, plan: SchedulerOutput) -> None:
         """A request scheduled for the first time: when, and how much of its prompt the prefix cache held."""
@@ -164,6 +197,8 @@ class Engine:
         cache. Returns the groups that advanced, by id."""
         advanced: dict[str, RequestGroup] = {}
         for request, tokens in new_tokens:
+            if request.finished:  # ended (a stop rule, an abort) while this step ran: its token is dropped
+                continue
             group = request.group
             if group.unforked:  # only the first completion runs before it has a token
                 self._fork(request)
@@ -181,7 +216,6 @@ class Engine:
         group = first.group
         for child in group.unforked:
             self.kv.fork(first, child)
-            child.num_computed = first.num_computed
             self.scheduler.add_running(child, after=first)
         group.requests += group.unforked
         group.unforked = []

@@ -120,6 +120,8 @@ class StepInputs:
     logits_spans: dict[str, slice]
     batch_rows: np.ndarray  # [B] each scheduled request's row of the persistent batch
     num_computed: np.ndarray  # [B] tokens each request had computed before this step
+    pending_at: list[int]  # the flat index of each token the host does not hold yet (a placeholder id)
+    pending_ids: list[str]  # whose token each one is
 
 
 @dataclass
@@ -134,6 +136,8 @@ class _Gathered:
     num_logits: int
     trees: list[tuple[int, np.ndarray]]  # (index in the step, positions) of each request verifying a tree
     num_tokens: int  # counts.sum()
+    pending_at: list[int]  # flat index of each token still on the device (``Request.num_pending``)
+    pending_ids: list[str]
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -314,16 +318,23 @@ class InputBatch:
         the result: its arrays follow ``scheduled``'s order, and the spans, in that order too, tile
         ``[0, num_logits)``."""
         rows, computed, counts, totals, spans = [], [], [], [], {}
-        num_logits, trees = 0, []
+        num_logits, trees, pending_at, pending_ids, flat = 0, [], [], [], 0
         for request in scheduled:
             request_id = request.request_id
             row = self.row_of.get(request_id)
             if row is None:
                 row = self._new_row(request)
-            first, count, total = request.num_computed, num_scheduled[request_id], request.num_tokens
-            end = first + count
+            first, count, known = request.num_computed, num_scheduled[request_id], request.num_tokens
+            end, total = first + count, known + request.num_pending
+            if request.num_pending:  # its newest token is on the device: it starts this step's run
+                if first != known:
+                    raise RuntimeError(f"request {request_id!r} has a token pending and uncomputed tokens")
+                pending_at.append(flat)
+                pending_ids.append(request_id)
+                end = min(end, known)  # the host writes the tokens it holds
             if self.num_tokens_written[row] < end:
-                self._write_tokens(row, request, end, total)
+                self._write_tokens(row, request, end, known)
+            end = first + count
             if end >= total:  # reached the last known token: the next one is wanted
                 spans[request_id] = slice(num_logits, num_logits + end - total + 1)
                 num_logits += end - total + 1
@@ -333,10 +344,13 @@ class InputBatch:
             computed.append(first)
             counts.append(count)
             totals.append(total)
+            flat += count
         rows, computed, counts, totals = (
             np.array(a, dtype=np.int64) for a in (rows, computed, counts, totals)
         )
-        return _Gathered(rows, computed, counts, totals, spans, num_logits, trees, int(counts.sum()))
+        return _Gathered(
+            rows, computed, counts, totals, spans, num_logits, trees, flat, pending_at, pending_ids
+        )
 
     def _prepare_decode(self, step: _Gathered, layout: StepLayout) -> StepInputs:
         """The decode hot path: each token a sequence of its own that ends at it, its logits wanted (a decode,
@@ -404,7 +418,15 @@ class InputBatch:
         """The step's one copy to the device, and its ``StepInputs``."""
         self.staging.send(layout.total)
         return StepInputs(
-            layout, *device_views, max_query_len, max_seq_len, step.logits_spans, step.rows, step.computed
+            layout,
+            *device_views,
+            max_query_len,
+            max_seq_len,
+            step.logits_spans,
+            step.rows,
+            step.computed,
+            step.pending_at,
+            step.pending_ids,
         )
 
     def decode_layout(self, bucket: int) -> StepLayout:

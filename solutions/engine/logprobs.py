@@ -48,12 +48,19 @@ def wants_logprobs(plan) -> bool:
     return any(r.params.logprobs is not None for r in plan.scheduled)
 
 
-def wants_prompt_logprobs(plan) -> bool:
-    """Whether any scheduled request asks for prompt logprobs and still has prompt positions to run."""
+def wants_prompt_logprobs(plan, advanced: bool = False) -> bool:
+    """Whether any scheduled request asks for prompt logprobs and has prompt positions in this step
+    (``advanced``: its ``num_computed`` already counts the step's tokens)."""
     return any(
-        r.params.prompt_logprobs is not None and r.num_computed < len(r.prompt_token_ids)
+        r.params.prompt_logprobs is not None
+        and r.num_computed - advanced * plan.num_scheduled_tokens[r.request_id] < len(r.prompt_token_ids)
         for r in plan.scheduled
     )
+
+
+def asks_for_logprobs(plan) -> bool:
+    """Whether any scheduled request asks for log-probabilities of any kind."""
+    return any(r.params.logprobs is not None or r.params.prompt_logprobs is not None for r in plan.scheduled)
 
 
 def token_logprobs(

@@ -28,9 +28,11 @@ class Status(enum.Enum):
 
 
 class Request:
-    """Invariant: ``num_computed <= num_tokens``, and tokens ``[0, num_computed)`` of ``all_token_ids`` have
-    their K/V in this request's blocks. ``spec_token_ids`` are draft tokens to verify in the next step
-    (Lesson 4); they are not part of ``all_token_ids`` until accepted."""
+    """Invariant: ``num_computed <= num_tokens + num_pending``, and tokens ``[0, num_computed)`` of
+    ``all_token_ids`` have their K/V in this request's blocks. ``spec_token_ids`` are draft tokens to verify
+    in the next step (Lesson 4); they are not part of ``all_token_ids`` until accepted. ``num_pending``
+    counts the tokens drawn on the device that the host has not read yet (overlap scheduling: the step
+    after them is planned and launched first); the scheduler plans as if they were known."""
 
     def __init__(self, request_id: str, group: RequestGroup, index: int, detokenizer: IncrementalDetokenizer):
         self.request_id = request_id
@@ -42,6 +44,7 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.status = Status.WAITING
         self.num_computed = 0
+        self.num_pending = 0
         self.detokenizer = detokenizer
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -34,7 +34,7 @@ from ..kernels.sampling import filtered_probs, sample
 from ..model.llama import LlamaModel
 from ..speculative.tree import TreeAttention, tree_attention_mask, tree_positions
 from .cuda_graphs import CudaGraph, DecodeGraphs, GraphOutputs, batch_buckets
-from .input_batch import InputBatch, StepInputs
+from .input_batch import InputBatch, StagingBuffer, StepInputs
 from .request import Request
 from .sampling_batch import SamplingBatch
 from .scheduler import SchedulerOutput
@@ -59,6 +59,21 @@ class StepOutput:
     tokens: list[tuple[Request, list[int]]]
     model: ModelOutput
     verified: dict[str, list[int]]
+
+
+@dataclass
+class LaunchedStep:
+    """A step sent to the device whose draws the host has not read yet (``launch``; ``collect`` reads them).
+    ``drawers[i]`` drew ``drawn[i]`` (on the device; None when nothing was drawn); ``accepted`` are the
+    verified runs, already on the host; ``copy`` is the draws' copy to the host (pinned buffer and event)."""
+
+    plan: SchedulerOutput
+    model: ModelOutput
+    verified: dict[str, list[int]]
+    drawers: list[Request]
+    accepted: list[tuple[Request, list[int]]]
+    drawn: torch.Tensor | None
+    copy: tuple[torch.Tensor, torch.cuda.Event] | None = None
 
 
 Verify = Callable[[SchedulerOutput, ModelOutput], dict[str, list[int]]]
@@ -88,8 +103,17 @@ class ModelRunner:
         self.startup: dict = {"tune_s": 0.0, "tuned_calls": 0}
         self.graph_outputs: GraphOutputs | None = None
         on_cuda = self.device.type == "cuda"
-        self._tokens_host = torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda)
-        self._tokens_ready = torch.cuda.Event() if on_cuda else None
+        # Two pinned buffers for the draws' copies, taken in turn: with overlap scheduling a step's copy is
+        # queued before the previous step's is read.
+        self._tokens_host = [
+            torch.empty(max_num_batched_tokens, dtype=torch.int64, pin_memory=on_cuda) for _ in range(2)
+        ]
+        self._tokens_ready = [torch.cuda.Event() for _ in range(2)] if on_cuda else None
+        self._copies = 0
+        # The latest launched step's draws, still on the device, and who drew each: the next step's input id
+        # of a request whose token the host has not read yet (``Request.num_pending``) comes from there.
+        self._last_draws: tuple[torch.Tensor, dict[str, int]] | None = None
+        self._pending_inputs = StagingBuffer(2 * max_num_batched_tokens, torch.int64, self.device)
         # Lesson 9: under tensor parallelism, sends each step (its block copies, inputs,
         # packed buffer) to the workers.
         self.step_broadcast: Callable[[list[tuple[int, int]], StepInputs, torch.Tensor], None] | None = None
@@ -111,11 +135,12 @@ class ModelRunner:
         # on (a decode, or that token and the draft chain it verifies; no prefill chunk, no tree).
         bucket = None
         graphable = self.graphs is not None and not trees
-        if graphable and all(r.num_computed == r.num_tokens - 1 for r in scheduled):
+        if graphable and all(r.num_computed == r.num_tokens + r.num_pending - 1 for r in scheduled):
             num_tokens = sum(counts[r.request_id] for r in scheduled)
             bucket = self.graphs.bucket_for(num_tokens)
         if bucket is not None:
             inputs = self.batch.prepare(scheduled, counts, plan.block_tables, bucket=bucket)
+            self._feed_pending(inputs)
             logits, hidden = self.graphs.replay(bucket)
             hidden = hidden[:num_tokens] if return_hidden else None
             return ModelOutput(logits[:num_tokens], inputs.logits_spans, hidden)
@@ -127,6 +152,7 @@ class ModelRunner:
                 ]
                 positions[request.request_id] = tree_positions(parents, request.num_computed).numpy()
         inputs = self.batch.prepare(scheduled, counts, plan.block_tables, tree_positions=positions)
+        self._feed_pending(inputs)
         if self.step_broadcast is not None:  # the other ranks run this same forward on their shards
             self.step_broadcast(plan.block_copies, inputs, self.batch.staging.device)
         tree_specs = self._tree_specs(plan, inputs, tree_parents) if tree_parents else None
@@ -140,39 +166,84 @@ class ModelRunner:
         return_hidden: bool = False,
         trees: dict[str, list[int]] | None = None,
     ) -> StepOutput:
-        """The whole step (nano-vllm's ``run``, vLLM v1's execute and sample): ``execute`` the plan, advance
-        each scheduled request's ``num_computed`` by its planned tokens, ``verify`` (the speculator's: the
-        accepted runs of drafts, read back; nothing when not speculating), then draw every other row that
-        wants a token and read the draws back. Invariant: it reads the device back before it returns (the
-        draws, even none, or the verify's verdicts), so no copy it sent from a staging buffer is still in
-        flight when the next step writes its inputs."""
+        """The whole step (nano-vllm's ``run``, vLLM v1's execute and sample): ``launch`` it, then ``collect``
+        its draws. Invariant: it reads the device back before it returns (the draws, even none, or the
+        verify's verdicts), so no copy it sent from a staging buffer is still in flight when the next step
+        writes its inputs."""
+        return self.collect(self.launch(plan, verify, return_hidden, trees))
+
+    def launch(
+        self,
+        plan: SchedulerOutput,
+        verify: Verify = lambda plan, out: {},
+        return_hidden: bool = False,
+        trees: dict[str, list[int]] | None = None,
+    ) -> LaunchedStep:
+        """Everything of a step but the host's read of its draws: ``execute`` the plan, advance each
+        scheduled request's ``num_computed`` by its planned tokens, ``verify`` (the speculator's: the accepted
+        runs of drafts, read back; nothing when not speculating), then draw, on the device, one token for
+        every other request that reached the end of its tokens and, at its first token, for each unforked
+        completion of its group (n > 1: they draw from the first one's row, and follow it; with overlap
+        scheduling the first one's next step is launched before they fork), and queue the draws' copy.
+        Each drawer's ``num_pending`` counts the token until ``collect`` reads it; the draws stay on the
+        device for the next step's inputs (overlap scheduling)."""
         out = self.execute(plan, return_hidden=return_hidden, trees=trees)
         for request in plan.scheduled:
             request.num_computed += plan.num_scheduled_tokens[request.request_id]
         verified = verify(plan, out)
-        return StepOutput(self._sample(plan, out, verified), out, verified)
-
-    def _sample(
-        self, plan: SchedulerOutput, out: ModelOutput, verified: dict[str, list[int]]
-    ) -> list[tuple[Request, list[int]]]:
-        """Each advancing request's new tokens, in plan order: the ``verified`` run of a request that verified
-        drafts, else one token drawn for each request that reached the end of its tokens and for each
-        unforked completion of its group (n > 1: they draw from the first one's row, and follow it). Reads
-        the drawn ids back even when none was drawn (a prompt chunk alone), unless the verify has read:
-        either read ends the step's device work."""
-        requests, rows, accepted = [], [], []
+        drawers, rows, accepted = [], [], []
         for request in plan.scheduled:
             span = out.logits_spans.get(request.request_id)
             if request.request_id in verified:
                 accepted.append((request, verified[request.request_id]))
             elif span is not None:
-                for draw in (request, *request.group.unforked):
-                    requests.append(draw)
+                first_token = not request.output_token_ids and not request.num_pending
+                for draw in (request, *request.group.unforked) if first_token else (request,):
+                    drawers.append(draw)
                     rows.append(span.stop - 1)
-        if not rows and verified:
-            return accepted
-        tokens = self.read_tokens(self._draw(out.logits, requests, rows))
-        return [(r, [token]) for r, token in zip(requests, tokens, strict=True)] + accepted
+        if not rows and verified:  # the verify's read ends the step's device work
+            return LaunchedStep(plan, out, verified, [], accepted, None)
+        drawn = self._draw(out.logits, drawers, rows)
+        for request in drawers:
+            request.num_pending += 1
+        self._last_draws = (drawn, {r.request_id: i for i, r in enumerate(drawers)})
+        return LaunchedStep(plan, out, verified, drawers, accepted, drawn, self._queue_copy(drawn))
+
+    def collect(self, step: LaunchedStep) -> StepOutput:
+        """A launched step's new tokens on the host, in plan order (the drawn ones, then the verified runs):
+        the read of its draws (even none: a prompt chunk alone) ends the step's device work."""
+        tokens = [] if step.drawn is None else self.read_tokens(step.drawn, step.copy)
+        for request in step.drawers:
+            request.num_pending -= 1
+        drawn = [(r, [token]) for r, token in zip(step.drawers, tokens, strict=True)]
+        return StepOutput(drawn + step.accepted, step.model, step.verified)
+
+    def _feed_pending(self, inputs: StepInputs) -> None:
+        """Overlap scheduling: a request whose newest token is still on the device (drawn by the step before,
+        not read yet) takes its input id from the previous step's draws, gathered on the device (the host
+        wrote a placeholder there). A step of requests whose tokens the host holds does nothing here."""
+        if not inputs.pending_at:
+            return
+        drawn, index_of = self._last_draws
+        at, n = inputs.pending_at, len(inputs.pending_at)
+        self._pending_inputs.wait()
+        self._pending_inputs.numpy[:n] = at
+        self._pending_inputs.numpy[n : 2 * n] = [index_of[request_id] for request_id in inputs.pending_ids]
+        sent = self._pending_inputs.send(2 * n)
+        inputs.input_ids.index_copy_(0, sent[:n], drawn.index_select(0, sent[n:]).to(inputs.input_ids.dtype))
+
+    def _queue_copy(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event] | None:
+        """On CUDA: queue the draws' copy into the next pinned buffer and record its event (None on a CPU,
+        where the draws are on the host already)."""
+        if self._tokens_ready is None:
+            return None
+        turn = self._copies % 2
+        self._copies += 1
+        host, ready = self._tokens_host[turn][: token_ids.shape[0]], self._tokens_ready[turn]
+        ready.synchronize()  # the copy this buffer held two steps ago has been read (at once, as a rule)
+        host.copy_(token_ids, non_blocking=True)
+        ready.record()
+        return host, ready
 
     def _draw(self, logits: torch.Tensor, requests: list[Request], rows: list[int]) -> torch.Tensor:
         """One token id per request, ``requests[i]`` drawing from ``logits[rows[i]]`` on the device."""
@@ -227,15 +298,15 @@ class ModelRunner:
             specs.append((tokens, context_slots, tree_attention_mask(parents)))
         return specs
 
-    def read_tokens(self, token_ids: torch.Tensor) -> list[int]:
-        """The step's sampled ids on the host: the one device-to-host copy of a step (into pinned memory, then
-        wait for it alone)."""
-        if self._tokens_ready is None:
+    def read_tokens(
+        self, token_ids: torch.Tensor, copy: tuple[torch.Tensor, torch.cuda.Event] | None = None
+    ) -> list[int]:
+        """The step's sampled ids on the host: the one device-to-host copy of a step (``_queue_copy``'s into
+        pinned memory, queued when the step was launched; then wait for it alone)."""
+        if copy is None:
             return token_ids.tolist()
-        host = self._tokens_host[: token_ids.shape[0]]
-        host.copy_(token_ids, non_blocking=True)
-        self._tokens_ready.record()
-        self._tokens_ready.synchronize()
+        host, ready = copy
+        ready.synchronize()
         return host.tolist()
 
     # -- decode graphs -------------------------------------------------------------------------------------

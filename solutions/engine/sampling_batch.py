@@ -90,6 +90,8 @@ class SamplingBatch:
                 self._resize(2 * len(self.owner))
         row = self.owner.index(None)
         self.owner[row], self.row_of[request] = request, row
+        self.floats.wait()  # as in _send: the last copy of the settings has read the host side
+        self.ints.wait()
         params = request.params
         self.host_floats[row] = (
             1.0 if params.greedy else params.temperature,
@@ -115,6 +117,7 @@ class SamplingBatch:
         if total > buffer.host.shape[0]:
             buffer = StagingBuffer(2 * total, torch.int64, self.device)
             setattr(self, name, buffer)
+        buffer.wait()  # the previous step's copy may still be reading the host side (overlap scheduling)
         views, start = [], 0
         for column in columns:
             buffer.numpy[start : start + len(column)] = column
@@ -161,10 +164,10 @@ class SamplingBatch:
 
     def sample_rows(self, requests: list[Request], logits_rows: list[int]) -> SampledRows:
         """One token per request, from logits row ``logits_rows[i]``; a seeded request's counter is the
-        position of the token it draws."""
+        position of the token it draws (after any the host has not read yet: overlap scheduling)."""
         rows = [self._row(r) for r in requests]
         host, (index, settings_rows, counters) = self._send(
-            "sample", logits_rows, rows, [r.num_tokens for r in requests]
+            "sample", logits_rows, rows, [r.num_tokens + r.num_pending for r in requests]
         )
         settings, seeds = self._settings(settings_rows, host[len(rows) : 2 * len(rows)])
         return SampledRows(index, settings, self._uniforms(seeds, counters))

@@ -41,4 +41,4 @@ class StepHeader:
         rank 0 uses (the logits spans, the persistent batch's rows) is left empty."""
         views = self.layout.split(buffer[: self.layout.total])
         empty = np.empty(0, dtype=np.int64)
-        return StepInputs(self.layout, *views, self.max_query_len, self.max_seq_len, {}, empty, empty)
+        return StepInputs(self.layout, *views, self.max_query_len, self.max_seq_len, {}, empty, empty, [], [])

@@ -14,7 +14,8 @@ timed region, then measures:
 - throughput: nano-vllm's workload (``benchmarks/bench.py`` there: 256 requests, random token ids below
   10,000, prompt and output lengths uniform in [100, 1024], EOS ignored), greedy, this engine vs HF static
   batches, after a warm-up on other prompts of the same lengths (the prefill kernel's keys tuned there; the
-  keys tuned inside the timed run are counted);
+  keys tuned inside the timed run are counted); where the engine overlaps its scheduling (on CUDA), the same
+  workload again with overlap scheduling off (prompts shifted by one token id, so none is cached);
 
 then EAGLE chain and n-gram speculative decoding at batch 1 on the bundled model, when it is installed.
 Sections are guarded and time-boxed; the JSON and markdown under ``--out`` are rewritten after each one and
@@ -46,7 +47,7 @@ from ...bench.kv import kv_bytes_per_token
 from ...bench.model_shapes import SHAPES, write_bundled_checkpoint, write_random_checkpoint
 from ...bench.roofline import decode_bytes_per_token
 from ...bench.step_split import step_breakdown
-from ...bench.throughput import make_workload, run_engine, run_hf_static
+from ...bench.throughput import Workload, make_workload, run_engine, run_hf_static
 from ...bench.timing import bandwidth_gbps, device_sync, timer_name
 from ...config import EngineConfig
 from ...engine.cuda_graphs import RecordedCall
@@ -186,6 +187,8 @@ class ShapeModels:
                 max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                 kv_cache_memory=INT4_KV_CACHE_BYTES if kind == "int4" else self.kv_cache_bytes,
                 enforce_eager=kind == "eager", quantization="rtn" if kind == "int4" else None,
+                # the stand-in overlaps its scheduling as CUDA does, so the dry run covers that path too
+                async_scheduling=True if kind == "graphs" and self.graph_stand_in else None,
             )  # fmt: skip
             engine = self.built[kind].engine
             if kind == "graphs" and self.graph_stand_in and engine.device.type == "cpu":
@@ -358,6 +361,16 @@ def measure_throughput(models: ShapeModels, section: Section) -> None:
     section.out["keys_tuned_in_timed_run"] = tuned_key_count() - tuned_before
     section.out["rows"] = [_throughput_row("graphs", ours.name, ours)]
     section.save()
+    if llm.engine.overlap:  # the same engine with overlap scheduling off, on prompts it has not cached
+        shifted = Workload([[(t + 1) % vocab for t in p] for p in workload.prompts], workload.output_lens)
+        llm.engine.overlap = False
+        try:
+            sync_run = run_engine(llm, shifted, name + ", overlap scheduling off", sync)
+        finally:
+            llm.engine.overlap = True
+        section.out["rows"].append(_throughput_row("graphs-sync", sync_run.name, sync_run))
+        section.out["overlap_ratio"] = ours.output_tokens_per_s / sync_run.output_tokens_per_s
+        section.save()
     hf_generate(models.hf(), torch.ones(2, 4, dtype=torch.long, device=device), 2)  # warm-up
     hf = run_hf_static(models.hf(), workload, s.hf_batch, 0, sync, section.seconds_left)
     batches = f"the first {cdiv(hf.requests, s.hf_batch)} of {cdiv(len(workload.prompts), s.hf_batch)}"
