@@ -177,6 +177,26 @@ def test_stop_string_spanning_two_tokens_never_leaks_into_the_stream(llm, sp):
     )
 
 
+def test_overlap_scheduling_drops_the_token_launched_after_a_stop_string(llm, sp):
+    """Overlap scheduling (tests/test_overlap_scheduling.py; here for the tokenizer: stop strings match
+    text) with the shared engine switched to it: the step after the stop string was already running, and its
+    token is not emitted."""
+    params = sp(temperature=0, max_tokens=30, ignore_eos=True, stop=[" 5,"])
+    prompts = ["Count: 1, 2, 3,", "Say hello."]
+    expected = llm.generate(prompts, params)
+    engine = llm.engine
+    engine.overlap = True
+    try:
+        overlap = llm.generate(prompts, params)
+    finally:
+        engine.overlap = False
+    assert [(o.outputs[0].text, o.outputs[0].finish_reason) for o in overlap] == [
+        (o.outputs[0].text, o.outputs[0].finish_reason) for o in expected
+    ]
+    assert expected[0].outputs[0].finish_reason == "stop", "the stop string never came: the test proves less"
+    assert engine.in_flight is None and engine.kv.num_used_blocks == 0
+
+
 def test_snapshots_do_not_share_mutable_state(llm, sp):
     snapshots = list(llm.stream("Hello", sp(temperature=0, max_tokens=5, ignore_eos=True)))
     assert [len(s.outputs[0].token_ids) for s in snapshots] == [1, 2, 3, 4, 5]

@@ -157,6 +157,7 @@ class Row:
 
     def __init__(self, params: SamplingParams, num_tokens: int = 5, index: int = 0):
         self.params, self.num_tokens, self.index, self.finished = params, num_tokens, index, False
+        self.num_pending = 0
 
 
 def test_settings_are_written_once_per_request_and_rows_are_reused():

@@ -146,7 +146,7 @@ def _timers(engine, clock: StepClock) -> Iterator[None]:
     model = engine.model
     wrapped = [(m, "forward", "matrix products") for m in step_linears(model)]
     wrapped += [(model.norm, "forward", "elementwise"), (model.embed_tokens, "forward", "elementwise")]
-    wrapped.append((engine.runner, "_sample", "sampler"))
+    wrapped += [(engine.runner, "_draw", "sampler"), (engine.runner, "read_tokens", "sampler")]
     ops, forward, fused_decode = model.ops, model.forward, model.fused_decode
     compiled_attention = getattr(fused_decode, "attention", None)
     try:
